@@ -1,0 +1,98 @@
+package dataflow
+
+import "github.com/epochflow/epochflow/dataflow/internal/engine"
+
+// KeyHash is the stable hash that routes a key to a worker: 64-bit FNV-1a of the key's bytes.
+// It is the same in every process and every release, so state found in a recovery store can be
+// routed to the worker that owns its key, whatever the number of workers.
+func KeyHash(key string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// WorkerForKey returns the worker that owns key among workers.
+func WorkerForKey(key string, workers int) int { return int(KeyHash(key) % uint64(workers)) }
+
+// router buffers the items of one exchange edge on one sending worker, per destination.
+type router[T any] struct {
+	bufs  [][]T
+	route func(T) (int, error)
+	size  int
+}
+
+func newRouter[T any](total, size int, route func(T) (int, error)) *router[T] {
+	return &router[T]{bufs: make([][]T, total), route: route, size: size}
+}
+
+func (r *router[T]) Route(batch any) error {
+	for _, item := range batch.([]T) {
+		d, err := r.route(item)
+		if err != nil {
+			return err
+		}
+		if r.bufs[d] == nil {
+			r.bufs[d] = make([]T, 0, r.size)
+		}
+		r.bufs[d] = append(r.bufs[d], item)
+	}
+	return nil
+}
+
+func (r *router[T]) Pending(dest int) int { return len(r.bufs[dest]) }
+
+func (r *router[T]) Take(dest int) any {
+	b := r.bufs[dest]
+	r.bufs[dest] = nil
+	return b
+}
+
+// keyRouter routes a keyed stream by KeyHash.
+type keyRouter[V any] struct {
+	bufs  [][]KV[V]
+	total uint64
+	size  int
+}
+
+func (r *keyRouter[V]) Route(batch any) error {
+	for _, kv := range batch.([]KV[V]) {
+		d := KeyHash(kv.Key) % r.total
+		if r.bufs[d] == nil {
+			r.bufs[d] = make([]KV[V], 0, r.size)
+		}
+		r.bufs[d] = append(r.bufs[d], kv)
+	}
+	return nil
+}
+
+func (r *keyRouter[V]) Pending(dest int) int { return len(r.bufs[dest]) }
+
+func (r *keyRouter[V]) Take(dest int) any {
+	b := r.bufs[dest]
+	r.bufs[dest] = nil
+	return b
+}
+
+const exchangeBatch = 1024
+
+func byKey[V any]() func(self, total int, shared any) engine.Router {
+	return func(self, total int, _ any) engine.Router {
+		return &keyRouter[V]{bufs: make([][]KV[V], total), total: uint64(total), size: exchangeBatch}
+	}
+}
+
+func roundRobin[T any]() func(self, total int, shared any) engine.Router {
+	return func(self, total int, _ any) engine.Router {
+		next := self
+		return newRouter(total, exchangeBatch, func(T) (int, error) {
+			next++
+			if next == total {
+				next = 0
+			}
+			return next, nil
+		})
+	}
+}

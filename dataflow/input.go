@@ -1,0 +1,245 @@
+package dataflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/epochflow/epochflow/dataflow/internal/engine"
+)
+
+// Input adds a step that reads from src. The stream's items carry the epoch they were read in.
+//
+// Epochs: every worker closes its epoch on its own clock (the epoch interval) and when all of its
+// partitions have ended; at each close it calls Snapshot on its partitions. Commit is called
+// once the epoch is committed. EOF: the stream ends when every partition has returned io.EOF.
+func Input[T any](f *Flow, name string, src Source[T]) Stream[T] {
+	if f == nil || f.err != nil {
+		return Stream[T]{}
+	}
+	if src.build == nil {
+		f.fail(fmt.Errorf("step %q: the source is a zero dataflow.Source; build one with FromPartitioned or FromDynamic", name))
+		return Stream[T]{}
+	}
+	s := f.add(name, &engine.Step{Outputs: 1, Source: true, Setup: src.setup, New: src.build})
+	if s == nil {
+		return Stream[T]{}
+	}
+	return Stream[T]{flow: f, step: s}
+}
+
+// FromPartitioned turns a PartitionedSource into a Source for Input.
+func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
+	if src == nil {
+		return Source[T]{}
+	}
+	return Source[T]{
+		setup: func(ctx context.Context, workers int) (any, error) { return listParts(ctx, src.Parts) },
+		build: func(env *engine.Env, shared any) (engine.Node, error) {
+			parts := shared.([]string)
+			n := &partSourceNode[T, S]{env: env}
+			for i, key := range parts {
+				if i%env.Workers != env.Worker {
+					continue
+				}
+				p, err := src.Build(env.Ctx, key, nil)
+				if err != nil {
+					n.Close()
+					return nil, fmt.Errorf("partition %q: %w", key, err)
+				}
+				if p == nil {
+					n.Close()
+					return nil, fmt.Errorf("partition %q: Build returned a nil partition", key)
+				}
+				n.parts = append(n.parts, &sourcePart[T, S]{key: key, src: p})
+			}
+			return n, nil
+		},
+	}
+}
+
+func listParts(ctx context.Context, parts func(context.Context) ([]string, error)) ([]string, error) {
+	keys, err := parts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing partitions: %w", err)
+	}
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if seen[k] {
+			return nil, fmt.Errorf("partition %q is listed twice", k)
+		}
+		seen[k] = true
+	}
+	return keys, nil
+}
+
+// FromDynamic turns a DynamicSource into a Source for Input.
+func FromDynamic[T any](src DynamicSource[T]) Source[T] {
+	if src == nil {
+		return Source[T]{}
+	}
+	return Source[T]{
+		build: func(env *engine.Env, _ any) (engine.Node, error) {
+			s, err := src.Build(env.Ctx, Worker{Index: env.Worker, Count: env.Workers})
+			if err != nil {
+				return nil, err
+			}
+			if s == nil {
+				return nil, errors.New("Build returned a nil source")
+			}
+			return &partSourceNode[T, struct{}]{env: env, parts: []*sourcePart[T, struct{}]{
+				{key: fmt.Sprintf("worker-%d", env.Worker), src: dynamicPart[T]{s}}}}, nil
+		},
+	}
+}
+
+// dynamicPart adapts a WorkerSource to the partition interface with no state.
+type dynamicPart[T any] struct{ WorkerSource[T] }
+
+func (dynamicPart[T]) Snapshot() struct{}                     { return struct{}{} }
+func (dynamicPart[T]) Commit(context.Context, struct{}) error { return nil }
+func (d dynamicPart[T]) inner() any                           { return d.WorkerSource }
+
+type snap[S any] struct {
+	epoch uint64
+	state S
+}
+
+type sourcePart[T, S any] struct {
+	key       string
+	src       StatefulSource[T, S]
+	eof       bool
+	notBefore time.Time
+	backoff   time.Duration
+	snaps     []snap[S]
+}
+
+// innerOf returns what implements the optional interfaces (Waiter, Awaker).
+func (p *sourcePart[T, S]) innerOf() any {
+	if d, ok := any(p.src).(interface{ inner() any }); ok {
+		return d.inner()
+	}
+	return p.src
+}
+
+type partSourceNode[T, S any] struct {
+	env   *engine.Env
+	parts []*sourcePart[T, S]
+}
+
+const maxBackoff = 50 * time.Millisecond
+
+func (n *partSourceNode[T, S]) Poll(epoch uint64) (progress, eof bool, err error) {
+	var now time.Time
+	live := 0
+	for _, p := range n.parts {
+		if p.eof {
+			continue
+		}
+		if !p.notBefore.IsZero() {
+			if now.IsZero() {
+				now = time.Now()
+			}
+			if now.Before(p.notBefore) {
+				live++
+				continue
+			}
+		}
+		batch, err := p.src.Next(n.env.Ctx)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return progress, false, fmt.Errorf("partition %q: %w", p.key, err)
+		}
+		if len(batch) > 0 {
+			if err := n.env.Emit(0, epoch, batch); err != nil {
+				return progress, false, err
+			}
+			progress = true
+		}
+		if err != nil { // io.EOF
+			p.eof = true
+			continue
+		}
+		live++
+		inner := p.innerOf()
+		switch {
+		case isAwaker(inner):
+			p.notBefore = inner.(Awaker).NextAwake()
+		case len(batch) > 0:
+			p.notBefore, p.backoff = time.Time{}, 0
+		case isWaiter(inner):
+			p.notBefore = time.Time{}
+		default:
+			p.backoff = min(max(2*p.backoff, time.Millisecond), maxBackoff)
+			p.notBefore = time.Now().Add(p.backoff)
+		}
+	}
+	return progress, live == 0, nil
+}
+
+func isAwaker(v any) bool { _, ok := v.(Awaker); return ok }
+func isWaiter(v any) bool { _, ok := v.(Waiter); return ok }
+
+func (n *partSourceNode[T, S]) Awake() (time.Time, []<-chan struct{}) {
+	var at time.Time
+	var chans []<-chan struct{}
+	for _, p := range n.parts {
+		if p.eof {
+			continue
+		}
+		if w, ok := p.innerOf().(Waiter); ok {
+			chans = append(chans, w.Wait())
+		}
+		if !p.notBefore.IsZero() && (at.IsZero() || p.notBefore.Before(at)) {
+			at = p.notBefore
+		}
+	}
+	return at, chans
+}
+
+func (n *partSourceNode[T, S]) OnBatch(int, uint64, any) error {
+	return errors.New("engine: a source got input")
+}
+
+func (n *partSourceNode[T, S]) OnEOF(uint64) error { return nil }
+
+func (n *partSourceNode[T, S]) OnClose(epoch uint64) error {
+	for _, p := range n.parts {
+		p.snaps = append(p.snaps, snap[S]{epoch, p.src.Snapshot()})
+	}
+	return nil
+}
+
+func (n *partSourceNode[T, S]) Commit(ctx context.Context, epoch uint64) error {
+	for _, p := range n.parts {
+		if err := commitUpTo(ctx, &p.snaps, epoch, p.src.Commit); err != nil {
+			return fmt.Errorf("partition %q: commit: %w", p.key, err)
+		}
+	}
+	return nil
+}
+
+// commitUpTo calls commit with the newest snapshot of an epoch <= epoch and forgets those.
+func commitUpTo[S any](ctx context.Context, snaps *[]snap[S], epoch uint64, commit func(context.Context, S) error) error {
+	i := 0
+	for i < len(*snaps) && (*snaps)[i].epoch <= epoch {
+		i++
+	}
+	if i == 0 {
+		return nil
+	}
+	st := (*snaps)[i-1].state
+	*snaps = append((*snaps)[:0], (*snaps)[i:]...)
+	return commit(ctx, st)
+}
+
+func (n *partSourceNode[T, S]) Close() error {
+	var errs []error
+	for _, p := range n.parts {
+		if err := p.src.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("partition %q: close: %w", p.key, err))
+		}
+	}
+	return errors.Join(errs...)
+}

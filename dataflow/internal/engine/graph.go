@@ -1,0 +1,134 @@
+// Package engine runs a dataflow graph on W workers: batches, exchanges between workers, epochs,
+// barrier alignment, frontiers and the commit notification. It is untyped: the typed layer in
+// package dataflow builds the graph and implements the nodes.
+package engine
+
+import (
+	"context"
+	"fmt"
+)
+
+// Graph is the untyped description of a flow: steps in the order they were added, which is a
+// topological order because a step can only consume streams that already exist.
+type Graph struct {
+	Steps []*Step
+}
+
+// Step is one node of the graph.
+type Step struct {
+	ID      string
+	Inputs  []Edge
+	Outputs int
+	// Source marks a step whose node implements SourceNode.
+	Source bool
+	// Setup, if set, runs once per Run before any worker starts; its result is handed to New on
+	// every worker (for example a source's partition list).
+	Setup func(ctx context.Context, workers int) (any, error)
+	// New builds the step's node on one worker.
+	New func(env *Env, shared any) (Node, error)
+
+	index int
+	depth int
+}
+
+// Edge is one input of a step.
+type Edge struct {
+	From *Step
+	Port int
+	// NewRouter, if set, makes this an exchange: items cross to the worker the router picks.
+	// Without it the edge is local (a plain function call on the same worker).
+	NewRouter func(self, total int, shared any) Router
+}
+
+// Router splits batches of one exchange edge by destination worker. One router exists per
+// (edge, sending worker) and is used by that worker only.
+type Router interface {
+	// Route appends every item of batch to the buffer of its destination worker.
+	Route(batch any) error
+	// Pending returns how many items are buffered for dest.
+	Pending(dest int) int
+	// Take returns the buffered items for dest as a new batch and empties the buffer.
+	Take(dest int) any
+}
+
+// Add appends a step, checking that its inputs belong to this graph.
+func (g *Graph) Add(s *Step) error {
+	for _, in := range s.Inputs {
+		if in.From == nil || in.From.index >= len(g.Steps) || g.Steps[in.From.index] != in.From {
+			return fmt.Errorf("step %q: an input stream belongs to another flow", s.ID)
+		}
+		if in.Port < 0 || in.Port >= in.From.Outputs {
+			return fmt.Errorf("step %q: input port %d of %q does not exist", s.ID, in.Port, in.From.ID)
+		}
+	}
+	s.index = len(g.Steps)
+	g.Steps = append(g.Steps, s)
+	return nil
+}
+
+// plan is the compiled graph shared by all workers of a run.
+type plan struct {
+	steps    []*Step
+	edges    []planEdge // every input edge, numbered
+	inEdges  [][]int    // step -> edge numbers of its inputs, by port
+	outEdges [][][]int  // step -> port -> edge numbers that consume it
+	groups   [][]int    // depth -> steps in topological order
+	channels [][]int    // depth -> exchange edges that feed steps of that depth
+	maxDepth int
+}
+
+type planEdge struct {
+	from, fromPort int
+	to, toPort     int
+	depth          int // depth of the receiving step
+	channel        bool
+	newRouter      func(self, total int, shared any) Router
+}
+
+// compile computes depths (the number of channels on the longest path from a source) and turns
+// a local edge that joins two depths into a forward channel, so that every step's inputs are
+// aligned in one group.
+func compile(g *Graph) (*plan, error) {
+	p := &plan{steps: g.Steps}
+	n := len(g.Steps)
+	p.inEdges = make([][]int, n)
+	p.outEdges = make([][][]int, n)
+	for i, s := range g.Steps {
+		p.outEdges[i] = make([][]int, s.Outputs)
+		if len(s.Inputs) == 0 && !s.Source {
+			return nil, fmt.Errorf("step %q has no input", s.ID)
+		}
+		d := 0
+		for _, in := range s.Inputs {
+			dd := in.From.depth
+			if in.NewRouter != nil {
+				dd++
+			}
+			d = max(d, dd)
+		}
+		s.depth = d
+		p.maxDepth = max(p.maxDepth, d)
+		for port, in := range s.Inputs {
+			e := planEdge{from: in.From.index, fromPort: in.Port, to: i, toPort: port, depth: d,
+				newRouter: in.NewRouter, channel: in.NewRouter != nil}
+			if !e.channel && in.From.depth < d {
+				e.channel = true // forward channel: to self only
+			}
+			id := len(p.edges)
+			p.edges = append(p.edges, e)
+			p.inEdges[i] = append(p.inEdges[i], id)
+			p.outEdges[in.From.index][in.Port] = append(p.outEdges[in.From.index][in.Port], id)
+		}
+	}
+	p.groups = make([][]int, p.maxDepth+1)
+	p.channels = make([][]int, p.maxDepth+1)
+	for i, s := range g.Steps {
+		p.groups[s.depth] = append(p.groups[s.depth], i)
+	}
+	for id, e := range p.edges {
+		if e.channel {
+			p.channels[e.depth] = append(p.channels[e.depth], id)
+		}
+	}
+	return p, nil
+}

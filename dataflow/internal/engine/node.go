@@ -1,0 +1,67 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Env is what a node gets from the worker that runs it.
+type Env struct {
+	Ctx     context.Context
+	StepID  string
+	Worker  int // global worker index
+	Workers int // total workers in the cluster
+	Logger  *slog.Logger
+	// Recovery tells whether snapshots are kept; without it stateful nodes need not track
+	// changed keys.
+	Recovery bool
+
+	w    *worker
+	step int
+}
+
+// Emit passes a batch of items of epoch to every consumer of output port. The batch is handed
+// over: the caller must not modify it afterwards, and consumers must not modify it either.
+func (e *Env) Emit(port int, epoch uint64, batch any) error {
+	return e.w.emit(e.step, port, epoch, batch)
+}
+
+// Node is the per-worker instance of a step. The worker calls its methods from one goroutine.
+type Node interface {
+	// OnBatch handles a batch of items of epoch arriving on input port.
+	OnBatch(port int, epoch uint64, batch any) error
+	// OnEOF is called once, when every input of the step has ended. Items emitted in it belong
+	// to epoch.
+	OnEOF(epoch uint64) error
+	// OnClose is called when epoch has ended on every input (and for a source, on this worker's
+	// clock). It must not emit. It is where snapshots are taken.
+	OnClose(epoch uint64) error
+	// Close releases the node's resources. It is called once, last.
+	Close() error
+}
+
+// SourceNode is the node of a step that reads from outside.
+type SourceNode interface {
+	Node
+	// Poll reads what is available now and emits it with epoch. It reports whether it emitted
+	// anything and whether every partition of this worker has ended.
+	Poll(epoch uint64) (progress, eof bool, err error)
+	// Awake tells when to poll again if nothing is available: a time (zero for none) and
+	// channels that become ready when data arrives.
+	Awake() (time.Time, []<-chan struct{})
+}
+
+// Timed is implemented by nodes that ask to be woken at a time.
+type Timed interface {
+	// NextTime is the earliest time the node wants OnTime called; zero for none.
+	NextTime() time.Time
+	// OnTime is called once now has reached NextTime; items it emits belong to epoch.
+	OnTime(now time.Time, epoch uint64) error
+}
+
+// Committer is implemented by nodes that hold source or sink partitions.
+type Committer interface {
+	// Commit is called on the node's worker when every epoch up to epoch is committed.
+	Commit(ctx context.Context, epoch uint64) error
+}

@@ -1,0 +1,525 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+)
+
+// worker runs every step of the plan over its share of the data, on one goroutine.
+type worker struct {
+	r     *run
+	p     *plan
+	index int
+	total int
+	ctx   context.Context
+
+	nodes   []Node
+	envs    []*Env
+	timed   []int // steps whose node is Timed
+	sources []int // source steps
+	commit  []int // steps whose node is a Committer
+
+	ended   []bool // step has ended (OnEOF called)
+	endedIn []int  // number of ended inputs per step
+
+	routers     []Router     // per edge, for exchange edges
+	routerEpoch []uint64     // per edge, the epoch of what the router holds
+	inbox       [][]*mailbox // per edge: from each sender (nil where none)
+	outbox      [][]*mailbox // per edge: to each receiver (nil where none)
+	edgeEnded   []bool       // per channel edge, on the receiving side
+	outAll      []*mailbox
+
+	epoch     []uint64 // per depth: the open epoch
+	groupDone []bool
+	closeAt   time.Time
+	committed uint64
+	lastSent  uint64 // last frontier reported
+	cur       int    // the step being called, for panic reports
+
+	wake  chan struct{}
+	timer *time.Timer
+}
+
+func (w *worker) wakeUp() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *worker) wrap(step int, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *StepError
+	if errors.As(err, &se) {
+		return err
+	}
+	return &StepError{Step: w.p.steps[step].ID, Worker: w.index, Err: err}
+}
+
+// emit hands a batch from an output port to its consumers.
+func (w *worker) emit(step, port int, epoch uint64, batch any) error {
+	for _, eid := range w.p.outEdges[step][port] {
+		e := &w.p.edges[eid]
+		switch {
+		case !e.channel:
+			prev := w.cur
+			w.cur = e.to
+			err := w.nodes[e.to].OnBatch(e.toPort, epoch, batch)
+			w.cur = prev
+			if err != nil {
+				return w.wrap(e.to, err)
+			}
+		case e.newRouter == nil: // forward channel
+			w.outbox[eid][w.index].send(message{kind: msgData, epoch: epoch, batch: batch})
+		default:
+			r := w.routers[eid]
+			if w.routerEpoch[eid] != epoch {
+				w.flushEdge(eid)
+				w.routerEpoch[eid] = epoch
+			}
+			if err := r.Route(batch); err != nil {
+				return w.wrap(e.to, err)
+			}
+			for dest := range w.total {
+				if r.Pending(dest) >= w.r.cfg.BatchSize {
+					w.outbox[eid][dest].send(message{kind: msgData, epoch: epoch, batch: r.Take(dest)})
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// flushEdge sends what the router of an exchange edge holds.
+func (w *worker) flushEdge(eid int) bool {
+	r := w.routers[eid]
+	if r == nil {
+		return false
+	}
+	sent := false
+	for dest := range w.total {
+		if r.Pending(dest) > 0 {
+			w.outbox[eid][dest].send(message{kind: msgData, epoch: w.routerEpoch[eid], batch: r.Take(dest)})
+			sent = true
+		}
+	}
+	return sent
+}
+
+func (w *worker) flushAll() bool {
+	sent := false
+	for eid := range w.routers {
+		if w.flushEdge(eid) {
+			sent = true
+		}
+	}
+	return sent
+}
+
+// sendMarker flushes and then sends a barrier or the end of stream on every channel that
+// consumes step.
+func (w *worker) sendMarker(step int, kind msgKind, epoch uint64) {
+	for _, edges := range w.p.outEdges[step] {
+		for _, eid := range edges {
+			if !w.p.edges[eid].channel {
+				continue
+			}
+			w.flushEdge(eid)
+			for _, mb := range w.outbox[eid] {
+				if mb != nil {
+					mb.send(message{kind: kind, epoch: epoch})
+				}
+			}
+		}
+	}
+}
+
+// endStep calls OnEOF on a step whose inputs have all ended and passes the end on.
+func (w *worker) endStep(step int) error {
+	if w.ended[step] {
+		return nil
+	}
+	d := w.p.steps[step].depth
+	w.cur = step
+	if err := w.nodes[step].OnEOF(w.epoch[d]); err != nil {
+		return w.wrap(step, err)
+	}
+	w.ended[step] = true
+	w.sendMarker(step, msgEOF, 0)
+	for _, edges := range w.p.outEdges[step] {
+		for _, eid := range edges {
+			if !w.p.edges[eid].channel {
+				if err := w.inputEnded(w.p.edges[eid].to); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (w *worker) inputEnded(step int) error {
+	w.endedIn[step]++
+	if w.endedIn[step] == len(w.p.steps[step].Inputs) {
+		return w.endStep(step)
+	}
+	return nil
+}
+
+// closeGroup ends epoch e for every step of depth d: snapshots, then barriers downstream.
+func (w *worker) closeGroup(d int, e uint64) error {
+	for _, s := range w.p.groups[d] {
+		w.cur = s
+		if err := w.nodes[s].OnClose(e); err != nil {
+			return w.wrap(s, err)
+		}
+		if !w.ended[s] {
+			w.sendMarker(s, msgBarrier, e)
+		}
+	}
+	return nil
+}
+
+func (w *worker) groupEnded(d int) bool {
+	for _, s := range w.p.groups[d] {
+		if !w.ended[s] {
+			return false
+		}
+	}
+	return true
+}
+
+// finishGroup takes the last snapshot of a group whose steps have all ended.
+func (w *worker) finishGroup(d int) error {
+	if err := w.closeGroup(d, w.epoch[d]); err != nil {
+		return err
+	}
+	w.groupDone[d] = true
+	w.report()
+	return nil
+}
+
+// drain takes the messages of depth d's channels that belong to its open epoch, and closes
+// epochs as they align.
+func (w *worker) drain(d int) (bool, error) {
+	progress := false
+	for !w.groupDone[d] {
+		moved := false
+		e := w.epoch[d]
+		for _, eid := range w.p.channels[d] {
+			edge := &w.p.edges[eid]
+			for _, mb := range w.inbox[eid] {
+				if mb == nil {
+					continue
+				}
+				for range 64 {
+					msg, ok := mb.peek()
+					if !ok {
+						break
+					}
+					if msg.kind == msgData && msg.epoch > e {
+						mb.reached = max(mb.reached, msg.epoch-1)
+						break
+					}
+					mb.pop()
+					moved = true
+					switch msg.kind {
+					case msgData:
+						if msg.epoch < e {
+							return progress, fmt.Errorf("engine: step %q got a batch of closed epoch %d in epoch %d", w.p.steps[edge.to].ID, msg.epoch, e)
+						}
+						w.cur = edge.to
+						if err := w.nodes[edge.to].OnBatch(edge.toPort, e, msg.batch); err != nil {
+							return progress, w.wrap(edge.to, err)
+						}
+					case msgBarrier:
+						mb.reached = max(mb.reached, msg.epoch)
+					case msgEOF:
+						mb.reached, mb.eof = eofEpoch, true
+						if w.allEnded(eid) {
+							w.edgeEnded[eid] = true
+							if err := w.inputEnded(edge.to); err != nil {
+								return progress, err
+							}
+						}
+					}
+				}
+			}
+		}
+		if w.groupEnded(d) {
+			return true, w.finishGroup(d)
+		}
+		aligned := true
+		for _, eid := range w.p.channels[d] {
+			for _, mb := range w.inbox[eid] {
+				if mb != nil && mb.reached < e {
+					aligned = false
+				}
+			}
+		}
+		if aligned {
+			if err := w.closeGroup(d, e); err != nil {
+				return progress, err
+			}
+			w.epoch[d] = e + 1
+			w.report()
+			moved = true
+		}
+		if !moved {
+			break
+		}
+		progress = true
+	}
+	return progress, nil
+}
+
+func (w *worker) allEnded(eid int) bool {
+	for _, mb := range w.inbox[eid] {
+		if mb != nil && !mb.eof {
+			return false
+		}
+	}
+	return true
+}
+
+// frontier is the last epoch every group of this worker has closed, and whether all are done.
+func (w *worker) frontier() (uint64, bool) {
+	f, done := uint64(eofEpoch), true
+	final := uint64(0)
+	for d := range w.epoch {
+		if w.groupDone[d] {
+			final = max(final, w.epoch[d])
+			continue
+		}
+		done = false
+		f = min(f, w.epoch[d]-1)
+	}
+	if done {
+		return final, true
+	}
+	return f, false
+}
+
+func (w *worker) report() {
+	f, done := w.frontier()
+	if done || f != w.lastSent {
+		w.lastSent = f
+		w.r.coord.report(w.index, f, done)
+	}
+}
+
+// canRead tells whether the sources may read: not too many epochs in flight, no full mailbox.
+func (w *worker) canRead() bool {
+	if w.epoch[0]-w.committed > uint64(w.r.cfg.MaxEpochsInFlight) {
+		return false
+	}
+	for _, mb := range w.outAll {
+		if mb.full() {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *worker) pollSources() (bool, error) {
+	if w.groupDone[0] || !w.canRead() {
+		return false, nil
+	}
+	progress := false
+	e := w.epoch[0]
+	for _, s := range w.sources {
+		if w.ended[s] {
+			continue
+		}
+		w.cur = s
+		prog, eof, err := w.nodes[s].(SourceNode).Poll(e)
+		if err != nil {
+			return progress, w.wrap(s, err)
+		}
+		progress = progress || prog
+		if eof {
+			if err := w.endStep(s); err != nil {
+				return progress, err
+			}
+			progress = true
+		}
+	}
+	if w.groupEnded(0) {
+		return true, w.finishGroup(0)
+	}
+	return progress, nil
+}
+
+func (w *worker) maybeCloseEpoch(now time.Time) (bool, error) {
+	if w.groupDone[0] || now.Before(w.closeAt) || w.epoch[0]-w.committed >= uint64(w.r.cfg.MaxEpochsInFlight) {
+		return false, nil
+	}
+	e := w.epoch[0]
+	if err := w.closeGroup(0, e); err != nil {
+		return false, err
+	}
+	w.epoch[0] = e + 1
+	w.closeAt = now.Add(w.r.cfg.EpochInterval)
+	w.report()
+	return true, nil
+}
+
+func (w *worker) runTimers(now time.Time) (bool, error) {
+	progress := false
+	for _, s := range w.timed {
+		if w.ended[s] {
+			continue
+		}
+		t := w.nodes[s].(Timed)
+		if at := t.NextTime(); !at.IsZero() && !now.Before(at) {
+			w.cur = s
+			if err := t.OnTime(now, w.epoch[w.p.steps[s].depth]); err != nil {
+				return progress, w.wrap(s, err)
+			}
+			progress = true
+		}
+	}
+	return progress, nil
+}
+
+func (w *worker) commitUpTo(c uint64) error {
+	for _, s := range w.commit {
+		w.cur = s
+		if err := w.nodes[s].(Committer).Commit(w.ctx, c); err != nil {
+			return w.wrap(s, err)
+		}
+	}
+	w.committed = c
+	return nil
+}
+
+func (w *worker) done() bool {
+	for _, d := range w.groupDone {
+		if !d {
+			return false
+		}
+	}
+	return true
+}
+
+// loop runs until every step has ended and the last epoch is committed, or ctx is done.
+func (w *worker) loop() error {
+	w.closeAt = time.Now().Add(w.r.cfg.EpochInterval)
+	w.report()
+	for {
+		if err := w.ctx.Err(); err != nil {
+			return err
+		}
+		if c := w.r.coord.committed.Load(); c > w.committed {
+			if err := w.commitUpTo(c); err != nil {
+				return err
+			}
+		}
+		if w.done() {
+			w.flushAll()
+			if w.r.coord.finished.Load() && w.committed >= w.r.coord.committed.Load() {
+				return nil
+			}
+			w.park(time.Time{}, nil)
+			continue
+		}
+		progress := false
+		for d := 1; d < len(w.epoch); d++ {
+			p, err := w.drain(d)
+			if err != nil {
+				return err
+			}
+			progress = progress || p
+		}
+		now := time.Now()
+		p, err := w.runTimers(now)
+		if err != nil {
+			return err
+		}
+		progress = progress || p
+		if p, err = w.pollSources(); err != nil {
+			return err
+		}
+		progress = progress || p
+		if p, err = w.maybeCloseEpoch(now); err != nil {
+			return err
+		}
+		progress = progress || p
+		if progress {
+			continue
+		}
+		if w.flushAll() {
+			continue
+		}
+		w.park(w.deadline())
+	}
+}
+
+// deadline is the earliest time the worker has something to do without being woken, and the
+// channels of sources that push.
+func (w *worker) deadline() (time.Time, []<-chan struct{}) {
+	var at time.Time
+	earliest := func(t time.Time) {
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	var chans []<-chan struct{}
+	if !w.groupDone[0] && w.epoch[0]-w.committed < uint64(w.r.cfg.MaxEpochsInFlight) {
+		earliest(w.closeAt)
+	}
+	if !w.groupDone[0] && w.canRead() {
+		for _, s := range w.sources {
+			if w.ended[s] {
+				continue
+			}
+			t, cs := w.nodes[s].(SourceNode).Awake()
+			earliest(t)
+			chans = append(chans, cs...)
+		}
+	}
+	for _, s := range w.timed {
+		if !w.ended[s] {
+			earliest(w.nodes[s].(Timed).NextTime())
+		}
+	}
+	return at, chans
+}
+
+// park waits for a wake-up, a source's channel, the deadline or the end of the run.
+func (w *worker) park(at time.Time, chans []<-chan struct{}) {
+	var timerC <-chan time.Time
+	if !at.IsZero() {
+		d := time.Until(at)
+		if d <= 0 {
+			return
+		}
+		w.timer.Reset(d)
+		timerC = w.timer.C
+		defer w.timer.Stop()
+	}
+	if len(chans) == 0 {
+		select {
+		case <-w.wake:
+		case <-w.ctx.Done():
+		case <-timerC:
+		}
+		return
+	}
+	cases := make([]reflect.SelectCase, 0, len(chans)+3)
+	cases = append(cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.wake)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.ctx.Done())})
+	if timerC != nil {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timerC)})
+	}
+	for _, c := range chans {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)})
+	}
+	reflect.Select(cases)
+}

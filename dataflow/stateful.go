@@ -1,0 +1,216 @@
+package dataflow
+
+import (
+	"container/heap"
+	"fmt"
+	"time"
+
+	"github.com/epochflow/epochflow/dataflow/internal/engine"
+)
+
+// StatefulLogic says what a keyed stateful step does with each key's state S. Every function is
+// called on the worker that owns the key, never concurrently. state points at the key's state
+// (the zero S when exists is false) and may be changed in place; a function returns keep=false
+// to discard the key's state. Output goes to out, under the same key.
+type StatefulLogic[V, S, W any] struct {
+	// OnItem handles one item of the key. Required.
+	OnItem func(key string, state *S, exists bool, item V, out *Emitter[W]) (keep bool, err error)
+	// OnNotify is called once the time NotifyAt asked for has come. Optional.
+	OnNotify func(key string, state *S, now time.Time, out *Emitter[W]) (keep bool, err error)
+	// OnEOF is called for every key that still has state when the input ends. Optional; without
+	// it the state is kept as it is.
+	OnEOF func(key string, state *S, out *Emitter[W]) (keep bool, err error)
+	// NotifyAt, if set, is called after OnItem and OnNotify and returns when the key wants
+	// OnNotify (the zero time for never).
+	NotifyAt func(key string, state *S) time.Time
+}
+
+// Emitter collects a stateful step's output for one key.
+type Emitter[W any] struct {
+	key string
+	out []KV[W]
+}
+
+// Emit sends w downstream under the current key.
+func (e *Emitter[W]) Emit(w W) { e.out = append(e.out, KV[W]{Key: e.key, Value: w}) }
+
+// Key returns the key whose state is being handled.
+func (e *Emitter[W]) Key() string { return e.key }
+
+// Stateful adds a keyed stateful step. Items are first exchanged so that every item of a key
+// reaches the worker that owns the key (KeyHash of the key modulo the workers).
+//
+// State: one S per key, created by the key's first item and kept until a function returns
+// keep=false. Epochs: the state of epoch e is complete before any item of e+1 is applied
+// (barriers are aligned); output items carry the epoch of the item or event that caused them.
+// EOF: OnEOF is called for every key that has state, then the output ends.
+func Stateful[V, S, W any](name string, in Stream[KV[V]], logic StatefulLogic[V, S, W]) Stream[KV[W]] {
+	if !in.valid() {
+		return Stream[KV[W]]{}
+	}
+	if logic.OnItem == nil {
+		in.flow.fail(fmt.Errorf("step %q: StatefulLogic.OnItem is nil", name))
+		return Stream[KV[W]]{}
+	}
+	e := in.edge()
+	e.NewRouter = byKey[V]()
+	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{e}, Outputs: 1,
+		New: func(env *engine.Env, _ any) (engine.Node, error) {
+			return &statefulNode[V, S, W]{env: env, logic: logic, states: map[string]*entry[S]{}}, nil
+		}})
+	if s == nil {
+		return Stream[KV[W]]{}
+	}
+	return Stream[KV[W]]{flow: in.flow, step: s}
+}
+
+type entry[S any] struct {
+	state  S
+	notify time.Time
+}
+
+type statefulNode[V, S, W any] struct {
+	env    *engine.Env
+	logic  StatefulLogic[V, S, W]
+	states map[string]*entry[S]
+	out    Emitter[W]
+	timers timerHeap
+}
+
+func (n *statefulNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
+	items := batch.([]KV[V])
+	i := 0
+	defer func() {
+		if p := recover(); p != nil {
+			err = ItemErr(items[i], fmt.Errorf("panic: %v", p))
+		}
+	}()
+	for ; i < len(items); i++ {
+		kv := items[i]
+		e := n.states[kv.Key]
+		exists := e != nil
+		if !exists {
+			e = &entry[S]{}
+		}
+		n.out.key = kv.Key
+		keep, err := n.logic.OnItem(kv.Key, &e.state, exists, kv.Value, &n.out)
+		if err != nil {
+			return ItemErr(kv, err)
+		}
+		n.settle(kv.Key, e, exists, keep)
+	}
+	return n.flush(epoch)
+}
+
+// settle stores or drops a key's state after a call, and arms its timer.
+func (n *statefulNode[V, S, W]) settle(key string, e *entry[S], exists, keep bool) {
+	if !keep {
+		if exists {
+			delete(n.states, key)
+		}
+		return
+	}
+	if !exists {
+		n.states[key] = e
+	}
+	if n.logic.NotifyAt != nil {
+		at := n.logic.NotifyAt(key, &e.state)
+		if !at.Equal(e.notify) {
+			e.notify = at
+			if !at.IsZero() {
+				heap.Push(&n.timers, timer{at: at, key: key})
+			}
+		}
+	}
+}
+
+func (n *statefulNode[V, S, W]) flush(epoch uint64) error {
+	if len(n.out.out) == 0 {
+		return nil
+	}
+	out := n.out.out
+	n.out.out = nil
+	return n.env.Emit(0, epoch, out)
+}
+
+func (n *statefulNode[V, S, W]) NextTime() time.Time {
+	if len(n.timers) == 0 {
+		return time.Time{}
+	}
+	return n.timers[0].at
+}
+
+func (n *statefulNode[V, S, W]) OnTime(now time.Time, epoch uint64) (err error) {
+	var cur string
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("key %q: notify: panic: %v", cur, p)
+		}
+	}()
+	for len(n.timers) > 0 && !now.Before(n.timers[0].at) {
+		t := heap.Pop(&n.timers).(timer)
+		e := n.states[t.key]
+		if e == nil || !e.notify.Equal(t.at) {
+			continue // stale: the key was discarded or asked for another time
+		}
+		e.notify = time.Time{}
+		if n.logic.OnNotify == nil {
+			continue
+		}
+		cur = t.key
+		n.out.key = t.key
+		keep, err := n.logic.OnNotify(t.key, &e.state, now, &n.out)
+		if err != nil {
+			return fmt.Errorf("key %q: notify: %w", t.key, err)
+		}
+		n.settle(t.key, e, true, keep)
+	}
+	return n.flush(epoch)
+}
+
+func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
+	if n.logic.OnEOF == nil {
+		return nil
+	}
+	var cur string
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("key %q: at EOF: panic: %v", cur, p)
+		}
+	}()
+	for key, e := range n.states {
+		cur = key
+		n.out.key = key
+		keep, err := n.logic.OnEOF(key, &e.state, &n.out)
+		if err != nil {
+			return fmt.Errorf("key %q: at EOF: %w", key, err)
+		}
+		if !keep {
+			delete(n.states, key)
+		}
+	}
+	n.timers = nil
+	return n.flush(epoch)
+}
+
+func (n *statefulNode[V, S, W]) OnClose(uint64) error { return nil }
+
+func (n *statefulNode[V, S, W]) Close() error { return nil }
+
+type timer struct {
+	at  time.Time
+	key string
+}
+
+type timerHeap []timer
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timer)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}

@@ -1,0 +1,3 @@
+module github.com/epochflow/epochflow
+
+go 1.26.8
