@@ -64,6 +64,15 @@ func checkName(name string) error {
 	return nil
 }
 
+// Fail records err as a mistake in building the flow, for operators that find their
+// configuration invalid: Err, Run and Main return the first one recorded, and later steps are
+// not added. A nil err is ignored.
+func (f *Flow) Fail(err error) {
+	if f != nil && err != nil {
+		f.fail(err)
+	}
+}
+
 // fail records the first build error.
 func (f *Flow) fail(err error) {
 	if f.err == nil {

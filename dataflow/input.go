@@ -39,12 +39,16 @@ func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
 		setup: func(ctx context.Context, workers int) (any, error) { return listParts(ctx, src.Parts) },
 		build: func(env *engine.Env, shared any) (engine.Node, error) {
 			parts := shared.([]string)
-			n := &partSourceNode[T, S]{env: env}
+			resume, err := restoredParts[S](env, parts)
+			if err != nil {
+				return nil, err
+			}
+			n := &partSourceNode[T, S]{env: env, codec: DefaultCodec[S]()}
 			for i, key := range parts {
 				if i%env.Workers != env.Worker {
 					continue
 				}
-				p, err := src.Build(env.Ctx, key, nil)
+				p, err := src.Build(env.Ctx, key, resume[key])
 				if err != nil {
 					n.Close()
 					return nil, fmt.Errorf("partition %q: %w", key, err)
@@ -53,11 +57,46 @@ func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
 					n.Close()
 					return nil, fmt.Errorf("partition %q: Build returned a nil partition", key)
 				}
-				n.parts = append(n.parts, &sourcePart[T, S]{key: key, src: p})
+				part := &sourcePart[T, S]{key: key, src: p}
+				if r := resume[key]; r != nil {
+					part.snaps = []snap[S]{{epoch: env.StartEpoch - 1, state: *r}}
+				}
+				n.parts = append(n.parts, part)
 			}
 			return n, nil
 		},
 	}
+}
+
+// restoredParts decodes the partition states a resumed run starts from. A partition the store
+// knows but the source no longer lists is an error: its data would be silently skipped.
+func restoredParts[S any](env *engine.Env, parts []string) (map[string]*S, error) {
+	if env.Recovery {
+		if err := CheckCodec[S](); err != nil {
+			return nil, fmt.Errorf("partition state: %w", err)
+		}
+	}
+	restored := env.Restored()
+	if len(restored) == 0 {
+		return nil, nil
+	}
+	listed := make(map[string]bool, len(parts))
+	for _, p := range parts {
+		listed[p] = true
+	}
+	codec := DefaultCodec[S]()
+	out := make(map[string]*S, len(restored))
+	for _, r := range restored {
+		if !listed[r.Key] {
+			return nil, fmt.Errorf("the recovery store holds the state of partition %q, which the connector no longer lists", r.Key)
+		}
+		s, err := codec.Decode(r.Key, r.State)
+		if err != nil {
+			return nil, fmt.Errorf("partition %q: restoring state: %w", r.Key, err)
+		}
+		out[r.Key] = &s
+	}
+	return out, nil
 }
 
 func listParts(ctx context.Context, parts func(context.Context) ([]string, error)) ([]string, error) {
@@ -89,6 +128,7 @@ func FromDynamic[T any](src DynamicSource[T]) Source[T] {
 			if s == nil {
 				return nil, errors.New("Build returned a nil source")
 			}
+			// No codec: a dynamic source has no state to store.
 			return &partSourceNode[T, struct{}]{env: env, parts: []*sourcePart[T, struct{}]{
 				{key: fmt.Sprintf("worker-%d", env.Worker), src: dynamicPart[T]{s}}}}, nil
 		},
@@ -126,6 +166,7 @@ func (p *sourcePart[T, S]) innerOf() any {
 
 type partSourceNode[T, S any] struct {
 	env   *engine.Env
+	codec Codec[S]
 	parts []*sourcePart[T, S]
 }
 
@@ -206,8 +247,25 @@ func (n *partSourceNode[T, S]) OnEOF(uint64) error { return nil }
 
 func (n *partSourceNode[T, S]) OnClose(epoch uint64) error {
 	for _, p := range n.parts {
-		p.snaps = append(p.snaps, snap[S]{epoch, p.src.Snapshot()})
+		s := p.src.Snapshot()
+		p.snaps = append(p.snaps, snap[S]{epoch, s})
+		if err := savePart(n.env, n.codec, epoch, p.key, s); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// savePart stores a partition's snapshot in the recovery store (when there is one).
+func savePart[S any](env *engine.Env, codec Codec[S], epoch uint64, key string, s S) error {
+	if !env.Recovery || codec == nil {
+		return nil
+	}
+	b, err := codec.Encode(s)
+	if err != nil {
+		return fmt.Errorf("partition %q: encoding snapshot: %w", key, err)
+	}
+	env.Save(epoch, key, b, false)
 	return nil
 }
 

@@ -24,9 +24,10 @@ func Output[T any](name string, s Stream[T], sink Sink[T]) {
 	in := s.edge()
 	if sink.route != nil {
 		route := sink.route
+		pool := newBatchPool[T](exchangeBatch)
 		in.NewRouter = func(self, total int, shared any) engine.Router {
 			pick := route(shared)
-			return newRouter(total, exchangeBatch, func(item T) (int, error) { return pick(item, total) })
+			return newRouter(total, pool, func(item T) (int, error) { return pick(item, total) })
 		}
 	}
 	s.flow.add(name, &engine.Step{Inputs: []engine.Edge{in}, Outputs: 0, Setup: sink.setup, New: sink.build})
@@ -54,12 +55,16 @@ func ToPartitioned[T, S any](sink PartitionedSink[T, S]) Sink[T] {
 			if len(parts) == 0 {
 				return nil, errors.New("the sink has no partitions")
 			}
-			n := &partSinkNode[T, S]{env: env, sink: sink, nparts: len(parts)}
+			resume, err := restoredParts[S](env, parts)
+			if err != nil {
+				return nil, err
+			}
+			n := &partSinkNode[T, S]{env: env, sink: sink, nparts: len(parts), codec: DefaultCodec[S]()}
 			for i, key := range parts {
 				if i%env.Workers != env.Worker {
 					continue
 				}
-				p, err := sink.Build(env.Ctx, key, nil)
+				p, err := sink.Build(env.Ctx, key, resume[key])
 				if err != nil {
 					n.Close()
 					return nil, fmt.Errorf("partition %q: %w", key, err)
@@ -68,7 +73,11 @@ func ToPartitioned[T, S any](sink PartitionedSink[T, S]) Sink[T] {
 					n.Close()
 					return nil, fmt.Errorf("partition %q: Build returned a nil partition", key)
 				}
-				n.parts = append(n.parts, &sinkPart[T, S]{key: key, index: i, sink: p})
+				part := &sinkPart[T, S]{key: key, index: i, sink: p}
+				if r := resume[key]; r != nil {
+					part.snaps = []snap[S]{{epoch: env.StartEpoch - 1, state: *r}}
+				}
+				n.parts = append(n.parts, part)
 			}
 			return n, nil
 		},
@@ -104,6 +113,7 @@ type sinkPart[T, S any] struct {
 
 type partSinkNode[T, S any] struct {
 	env    *engine.Env
+	codec  Codec[S]
 	sink   PartitionedSink[T, S]
 	nparts int
 	parts  []*sinkPart[T, S]
@@ -146,9 +156,16 @@ func (n *partSinkNode[T, S]) OnBatch(_ int, _ uint64, batch any) error {
 
 func (n *partSinkNode[T, S]) OnEOF(uint64) error { return nil }
 
+// ConsumesBatches tells the engine that sinks keep no batch (their contract says so).
+func (n *partSinkNode[T, S]) ConsumesBatches() {}
+
 func (n *partSinkNode[T, S]) OnClose(epoch uint64) error {
 	for _, p := range n.parts {
-		p.snaps = append(p.snaps, snap[S]{epoch, p.sink.Snapshot()})
+		s := p.sink.Snapshot()
+		p.snaps = append(p.snaps, snap[S]{epoch, s})
+		if err := savePart(n.env, n.codec, epoch, p.key, s); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -181,5 +198,6 @@ func (n *dynSinkNode[T]) OnBatch(_ int, _ uint64, batch any) error {
 	return n.sink.Write(n.env.Ctx, batch.([]T))
 }
 func (n *dynSinkNode[T]) OnEOF(uint64) error   { return nil }
+func (n *dynSinkNode[T]) ConsumesBatches()     {}
 func (n *dynSinkNode[T]) OnClose(uint64) error { return nil }
 func (n *dynSinkNode[T]) Close() error         { return n.sink.Close() }

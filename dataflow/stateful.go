@@ -21,8 +21,13 @@ type StatefulLogic[V, S, W any] struct {
 	// it the state is kept as it is.
 	OnEOF func(key string, state *S, out *Emitter[W]) (keep bool, err error)
 	// NotifyAt, if set, is called after OnItem and OnNotify and returns when the key wants
-	// OnNotify (the zero time for never).
+	// OnNotify (the zero time for never). A restored key is asked too.
 	NotifyAt func(key string, state *S) time.Time
+	// Codec stores the state in the recovery store: at the end of every epoch, the state of
+	// each key that changed in it (a discarded key is stored as deleted). Optional: nil means
+	// DefaultCodec, and a run with recovery refuses to start when CheckCodec finds S cannot
+	// round-trip through it.
+	Codec Codec[S]
 }
 
 // Emitter collects a stateful step's output for one key.
@@ -56,7 +61,7 @@ func Stateful[V, S, W any](name string, in Stream[KV[V]], logic StatefulLogic[V,
 	e.NewRouter = byKey[V]()
 	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{e}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
-			return &statefulNode[V, S, W]{env: env, logic: logic, states: map[string]*entry[S]{}}, nil
+			return newStatefulNode(env, logic)
 		}})
 	if s == nil {
 		return Stream[KV[W]]{}
@@ -67,14 +72,43 @@ func Stateful[V, S, W any](name string, in Stream[KV[V]], logic StatefulLogic[V,
 type entry[S any] struct {
 	state  S
 	notify time.Time
+	dirty  bool // changed in the open epoch (tracked with recovery only)
 }
 
 type statefulNode[V, S, W any] struct {
 	env    *engine.Env
 	logic  StatefulLogic[V, S, W]
+	codec  Codec[S]
 	states map[string]*entry[S]
 	out    Emitter[W]
 	timers timerHeap
+	track  bool     // recovery is on: remember which keys changed
+	dirty  []string // keys changed (or discarded) in the open epoch
+}
+
+func newStatefulNode[V, S, W any](env *engine.Env, logic StatefulLogic[V, S, W]) (*statefulNode[V, S, W], error) {
+	n := &statefulNode[V, S, W]{env: env, logic: logic, codec: logic.Codec, states: map[string]*entry[S]{}, track: env.Recovery}
+	if n.codec == nil {
+		n.codec = DefaultCodec[S]()
+		if env.Recovery {
+			if err := CheckCodec[S](); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, r := range env.Restored() {
+		if WorkerForKey(r.Key, env.Workers) != env.Worker {
+			continue
+		}
+		st, err := n.codec.Decode(r.Key, r.State)
+		if err != nil {
+			return nil, fmt.Errorf("restoring state: %w", err)
+		}
+		e := &entry[S]{state: st}
+		n.states[r.Key] = e
+		n.arm(r.Key, e)
+	}
+	return n, nil
 }
 
 func (n *statefulNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
@@ -104,6 +138,10 @@ func (n *statefulNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err err
 
 // settle stores or drops a key's state after a call, and arms its timer.
 func (n *statefulNode[V, S, W]) settle(key string, e *entry[S], exists, keep bool) {
+	if n.track && !e.dirty {
+		e.dirty = true
+		n.dirty = append(n.dirty, key)
+	}
 	if !keep {
 		if exists {
 			delete(n.states, key)
@@ -113,6 +151,11 @@ func (n *statefulNode[V, S, W]) settle(key string, e *entry[S], exists, keep boo
 	if !exists {
 		n.states[key] = e
 	}
+	n.arm(key, e)
+}
+
+// arm asks NotifyAt when the key wants OnNotify.
+func (n *statefulNode[V, S, W]) arm(key string, e *entry[S]) {
 	if n.logic.NotifyAt != nil {
 		at := n.logic.NotifyAt(key, &e.state)
 		if !at.Equal(e.notify) {
@@ -185,6 +228,10 @@ func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
 		if err != nil {
 			return fmt.Errorf("key %q: at EOF: %w", key, err)
 		}
+		if n.track && !e.dirty {
+			e.dirty = true
+			n.dirty = append(n.dirty, key)
+		}
 		if !keep {
 			delete(n.states, key)
 		}
@@ -193,7 +240,35 @@ func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
 	return n.flush(epoch)
 }
 
-func (n *statefulNode[V, S, W]) OnClose(uint64) error { return nil }
+// OnClose saves the state of every key that changed in the epoch (with recovery).
+func (n *statefulNode[V, S, W]) OnClose(epoch uint64) error {
+	if !n.track || len(n.dirty) == 0 {
+		return nil
+	}
+	seen := make(map[string]bool, len(n.dirty))
+	for _, key := range n.dirty {
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		e, ok := n.states[key]
+		if !ok {
+			n.env.Save(epoch, key, nil, true)
+			continue
+		}
+		e.dirty = false
+		b, err := n.codec.Encode(e.state)
+		if err != nil {
+			return fmt.Errorf("key %q: encoding state: %w", key, err)
+		}
+		n.env.Save(epoch, key, b, false)
+	}
+	n.dirty = n.dirty[:0]
+	return nil
+}
+
+// ConsumesBatches tells the engine that the node keeps nothing of a batch but copies.
+func (n *statefulNode[V, S, W]) ConsumesBatches() {}
 
 func (n *statefulNode[V, S, W]) Close() error { return nil }
 

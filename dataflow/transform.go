@@ -52,6 +52,63 @@ func (n *transformNode[In, Out]) OnEOF(uint64) error   { return nil }
 func (n *transformNode[In, Out]) OnClose(uint64) error { return nil }
 func (n *transformNode[In, Out]) Close() error         { return nil }
 
+// TransformInto is Transform for steps that care about allocation: fn appends the output of a
+// batch to out (an empty slice whose memory may be reused from an earlier batch) and returns
+// it. fn must not keep or modify its input batch. The engine reuses the output's memory when
+// every consumer is done with it once it returns, so a chain of TransformInto steps allocates
+// nothing per batch.
+//
+// State: none. Epochs: output items keep the epoch of their input. EOF: the output ends when in
+// ends.
+func TransformInto[In, Out any](name string, in Stream[In], fn func(batch []In, out []Out) ([]Out, error)) Stream[Out] {
+	if !in.valid() {
+		return Stream[Out]{}
+	}
+	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{in.edge()}, Outputs: 1,
+		New: func(env *engine.Env, _ any) (engine.Node, error) {
+			return &intoNode[In, Out]{env: env, fn: fn}, nil
+		}})
+	if s == nil {
+		return Stream[Out]{}
+	}
+	return Stream[Out]{flow: in.flow, step: s}
+}
+
+type intoNode[In, Out any] struct {
+	env *engine.Env
+	fn  func([]In, []Out) ([]Out, error)
+	buf []Out
+}
+
+func (n *intoNode[In, Out]) OnBatch(_ int, epoch uint64, batch any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	out, err := n.fn(batch.([]In), n.buf[:0])
+	if err != nil {
+		return err
+	}
+	if len(out) == 0 {
+		n.buf = out
+		return nil
+	}
+	err = n.env.Emit(0, epoch, out)
+	if n.env.Reusable(0) {
+		n.buf = out
+	} else {
+		n.buf = nil
+	}
+	return err
+}
+
+// ConsumesBatches: fn may not keep its input.
+func (n *intoNode[In, Out]) ConsumesBatches()     {}
+func (n *intoNode[In, Out]) OnEOF(uint64) error   { return nil }
+func (n *intoNode[In, Out]) OnClose(uint64) error { return nil }
+func (n *intoNode[In, Out]) Close() error         { return nil }
+
 // Split adds a stateless step that sends every item of in to the first stream when pred
 // returns true and to the second otherwise.
 //

@@ -1,27 +1,41 @@
 package engine
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
 
 // coordinator collects every worker's frontier and advances the committed epoch when the
-// cluster frontier passes it. Before it publishes a new committed epoch it calls OnCommit
-// (where a durable store records the epoch); workers then call Commit on their partitions.
+// cluster frontier passes it. With a store, a writer goroutine first records the epoch and its
+// snapshots durably; only then is the epoch published as committed, and workers call Commit on
+// their partitions.
 type coordinator struct {
 	mu        sync.Mutex
 	frontier  []uint64
 	done      []bool
 	workers   []*worker
+	pending   []Snapshot // handed over by workers, not yet written
+	requested uint64     // the newest epoch the cluster frontier has passed
+	allDone   bool       // every worker is done; requested is the final epoch
 	onCommit  func(epoch uint64) error
+	store     Store
+	crash     func(point string)
+	ctx       context.Context
 	fail      func(error)
-	committed atomic.Uint64
-	finished  atomic.Bool // every worker is done and the last epoch is committed
+
+	wakeWriter chan struct{}
+	committed  atomic.Uint64
+	finished   atomic.Bool // every worker is done and the last epoch is committed
 }
 
-func (c *coordinator) report(w int, frontier uint64, done bool) {
+// report records a worker's frontier (the last epoch all its steps closed) and the snapshots it
+// took since its last report.
+func (c *coordinator) report(w int, frontier uint64, done bool, snaps []Snapshot) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.pending = append(c.pending, snaps...)
 	c.frontier[w], c.done[w] = frontier, done
 	low, all, final := uint64(eofEpoch), true, uint64(0)
 	for i, f := range c.frontier {
@@ -35,7 +49,16 @@ func (c *coordinator) report(w int, frontier uint64, done bool) {
 	if all {
 		low = final
 	}
-	if low <= c.committed.Load() && !(all && !c.finished.Load()) {
+	if low <= c.requested && (!all || c.allDone) {
+		return
+	}
+	c.requested = max(c.requested, low)
+	c.allDone = all
+	if c.store != nil {
+		select {
+		case c.wakeWriter <- struct{}{}:
+		default:
+		}
 		return
 	}
 	if low > c.committed.Load() && c.onCommit != nil {
@@ -44,11 +67,68 @@ func (c *coordinator) report(w int, frontier uint64, done bool) {
 			return
 		}
 	}
-	c.committed.Store(max(low, c.committed.Load()))
-	if all {
+	c.pending = c.pending[:0]
+	c.publish(c.requested, all)
+}
+
+// publish makes epoch the committed one and wakes the workers to call Commit.
+func (c *coordinator) publish(epoch uint64, final bool) {
+	c.committed.Store(max(epoch, c.committed.Load()))
+	if final {
 		c.finished.Store(true)
 	}
 	for _, wk := range c.workers {
 		wk.wakeUp()
+	}
+}
+
+func (c *coordinator) hit(point string) {
+	if c.crash != nil {
+		c.crash(point)
+	}
+}
+
+// writer records requested epochs in the store, one transaction each, coalescing epochs that
+// were passed while it was writing (a commit is subsuming).
+func (c *coordinator) writer() {
+	for {
+		select {
+		case <-c.wakeWriter:
+		case <-c.ctx.Done():
+			return
+		}
+		c.mu.Lock()
+		epoch, final := c.requested, c.allDone
+		if epoch <= c.committed.Load() && !final {
+			c.mu.Unlock()
+			continue
+		}
+		var snaps, keep []Snapshot
+		for _, s := range c.pending {
+			if s.Epoch <= epoch {
+				snaps = append(snaps, s)
+			} else {
+				keep = append(keep, s)
+			}
+		}
+		c.pending = keep
+		frontiers := append([]uint64(nil), c.frontier...)
+		c.mu.Unlock()
+
+		if epoch > c.committed.Load() {
+			c.hit("before-commit-record")
+			if err := c.store.Commit(c.ctx, epoch, frontiers, snaps); err != nil {
+				c.fail(fmt.Errorf("recording epoch %d as committed: %w", epoch, err))
+				return
+			}
+			c.hit("after-commit-record")
+			if c.onCommit != nil {
+				if err := c.onCommit(epoch); err != nil {
+					c.fail(err)
+					return
+				}
+			}
+		}
+		c.publish(epoch, final)
 	}
 }

@@ -49,6 +49,9 @@ type Router interface {
 	Pending(dest int) int
 	// Take returns the buffered items for dest as a new batch and empties the buffer.
 	Take(dest int) any
+	// Recycle takes back a batch made by Take once its receiver is done with it. It may be
+	// called from any worker's goroutine.
+	Recycle(batch any)
 }
 
 // Add appends a step, checking that its inputs belong to this graph.

@@ -12,6 +12,7 @@ const (
 	msgData msgKind = iota
 	msgBarrier
 	msgEOF
+	msgStop // the sender stopped early (a graceful stop): like EOF, but OnEOF is not called
 )
 
 // message is what crosses a channel: a batch of one epoch, the end of an epoch, or the end of
@@ -36,7 +37,8 @@ type mailbox struct {
 	recv   *worker
 	// receiver-side state, touched only by the receiving worker
 	reached uint64 // every message of epochs <= reached has been taken
-	eof     bool
+	eof     bool   // the end (or a stop) was taken
+	stopped bool   // the end was a stop
 }
 
 const (

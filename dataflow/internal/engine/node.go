@@ -16,15 +16,53 @@ type Env struct {
 	// Recovery tells whether snapshots are kept; without it stateful nodes need not track
 	// changed keys.
 	Recovery bool
+	// StartEpoch is the first epoch of the run: the committed epoch it resumes from, plus one.
+	StartEpoch uint64
 
-	w    *worker
-	step int
+	w        *worker
+	step     int
+	reusable []bool
 }
+
+// Reusable tells whether a batch emitted on port is free again once Emit returns: every
+// consumer either copies it (an exchange) or keeps nothing of it (a Consumer). A node may then
+// reuse the batch's memory for its next output.
+func (e *Env) Reusable(port int) bool { return e.reusable[port] }
+
+// Save records a piece of the step's state at the end of epoch (called from OnClose): key is a
+// state key or a partition key; deleted marks a key whose state was discarded.
+func (e *Env) Save(epoch uint64, key string, state []byte, deleted bool) {
+	e.w.snaps = append(e.w.snaps, Snapshot{Step: e.StepID, Key: key, Epoch: epoch, State: state, Deleted: deleted})
+}
+
+// Restored returns the state the step had at the committed epoch the run resumes from: every
+// key of the step, on every worker (a node keeps the keys it owns).
+func (e *Env) Restored() []Restored { return e.w.r.cfg.Restored[e.StepID] }
 
 // Emit passes a batch of items of epoch to every consumer of output port. The batch is handed
 // over: the caller must not modify it afterwards, and consumers must not modify it either.
 func (e *Env) Emit(port int, epoch uint64, batch any) error {
 	return e.w.emit(e.step, port, epoch, batch)
+}
+
+// Snapshot is one piece of state saved at the end of an epoch.
+type Snapshot struct {
+	Step, Key string
+	Epoch     uint64
+	State     []byte
+	Deleted   bool
+}
+
+// Restored is one key's state loaded from the recovery store.
+type Restored struct {
+	Key   string
+	State []byte
+}
+
+// Store is where committed epochs are recorded. Commit must be durable when it returns: it
+// records every snapshot given and marks epoch as committed, atomically.
+type Store interface {
+	Commit(ctx context.Context, epoch uint64, frontiers []uint64, snaps []Snapshot) error
 }
 
 // Node is the per-worker instance of a step. The worker calls its methods from one goroutine.
@@ -50,6 +88,12 @@ type SourceNode interface {
 	// Awake tells when to poll again if nothing is available: a time (zero for none) and
 	// channels that become ready when data arrives.
 	Awake() (time.Time, []<-chan struct{})
+}
+
+// Consumer is implemented by nodes that never keep a batch (nor hand it on) after OnBatch
+// returns, so that the engine may reuse its memory.
+type Consumer interface {
+	ConsumesBatches()
 }
 
 // Timed is implemented by nodes that ask to be woken at a time.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,6 +22,16 @@ type Config struct {
 	StartEpoch        uint64 // first epoch (committed epoch + 1)
 	// OnCommit is called with the new committed epoch before any Commit for it runs.
 	OnCommit func(epoch uint64) error
+	// Store, if set, durably records each committed epoch with its snapshots before any
+	// Commit of it runs. Without it epochs are committed in memory.
+	Store Store
+	// Restored is the state to resume from, per step id.
+	Restored map[string][]Restored
+	// Crash, if set, is called at named points of the commit protocol (for crash tests).
+	Crash func(point string)
+	// Stop, when closed, makes the run stop gracefully: sources stop reading, the open epoch
+	// is closed and committed, and Run returns nil. Steps do not see an end of input.
+	Stop <-chan struct{}
 }
 
 // StepError is an error that happened in a step on a worker.
@@ -37,8 +48,9 @@ func (e *StepError) Error() string {
 func (e *StepError) Unwrap() error { return e.Err }
 
 type run struct {
-	cfg   Config
-	coord *coordinator
+	cfg      Config
+	coord    *coordinator
+	stopping atomic.Bool
 }
 
 // Run runs the graph until every source has ended and the last epoch is committed, until ctx
@@ -72,8 +84,10 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 	r := &run{cfg: cfg}
 	n := cfg.Workers
 	r.coord = &coordinator{frontier: make([]uint64, n), done: make([]bool, n), onCommit: cfg.OnCommit,
+		store: cfg.Store, crash: cfg.Crash, ctx: ctx, wakeWriter: make(chan struct{}, 1),
 		fail: func(err error) { cancel(err) }}
 	r.coord.committed.Store(cfg.StartEpoch - 1)
+	r.coord.requested = cfg.StartEpoch - 1
 	for i := range r.coord.frontier {
 		r.coord.frontier[i] = cfg.StartEpoch - 1
 	}
@@ -115,19 +129,43 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 	}
 
 	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i, w := range workers {
+	if cfg.Store != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			r.coord.writer()
+		}()
+	}
+	if cfg.Stop != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-cfg.Stop:
+				r.stopping.Store(true)
+				for _, w := range workers {
+					w.wakeUp()
+				}
+			case <-ctx.Done():
+			}
+		}()
+	}
+	errs := make([]error, n)
+	var workersDone sync.WaitGroup
+	for i, w := range workers {
+		workersDone.Add(1)
+		go func() {
+			defer workersDone.Done()
 			errs[i] = w.main()
 			if errs[i] != nil {
 				cancel(errs[i])
 			}
 		}()
 	}
-	wg.Wait()
+	workersDone.Wait()
 	c := context.Cause(ctx)
+	cancel(nil) // ends the stop watcher
+	wg.Wait()
 	if c == nil {
 		return errors.Join(errs...)
 	}
@@ -149,6 +187,7 @@ func newWorker(r *run, p *plan, i, n int, shared []any) *worker {
 		envs:        make([]*Env, len(p.steps)),
 		ended:       make([]bool, len(p.steps)),
 		endedIn:     make([]int, len(p.steps)),
+		stopped:     make([]bool, len(p.steps)),
 		routers:     make([]Router, len(p.edges)),
 		routerEpoch: make([]uint64, len(p.edges)),
 		inbox:       make([][]*mailbox, len(p.edges)),
@@ -200,7 +239,7 @@ func wireMailboxes(p *plan, workers []*worker) {
 func (w *worker) build(shared []any) error {
 	for i, s := range w.p.steps {
 		env := &Env{Ctx: w.ctx, StepID: s.ID, Worker: w.index, Workers: w.total,
-			Logger: w.r.cfg.Logger, Recovery: w.r.cfg.Recovery, w: w, step: i}
+			Logger: w.r.cfg.Logger, Recovery: w.r.cfg.Recovery, StartEpoch: w.r.cfg.StartEpoch, w: w, step: i}
 		w.envs[i] = env
 		node, err := s.New(env, shared[i])
 		if err != nil {
@@ -218,6 +257,22 @@ func (w *worker) build(shared []any) error {
 		}
 		if _, ok := node.(Committer); ok {
 			w.commit = append(w.commit, i)
+		}
+	}
+	for i, s := range w.p.steps {
+		w.envs[i].reusable = make([]bool, s.Outputs)
+		for port := range s.Outputs {
+			ok := true
+			for _, eid := range w.p.outEdges[i][port] {
+				e := w.p.edges[eid]
+				if e.newRouter != nil {
+					continue // the router copies
+				}
+				if _, consumer := w.nodes[e.to].(Consumer); e.channel || !consumer {
+					ok = false
+				}
+			}
+			w.envs[i].reusable[port] = ok
 		}
 	}
 	return nil

@@ -22,8 +22,10 @@ type worker struct {
 	sources []int // source steps
 	commit  []int // steps whose node is a Committer
 
-	ended   []bool // step has ended (OnEOF called)
-	endedIn []int  // number of ended inputs per step
+	ended    []bool // step has ended (OnEOF called, unless stopped)
+	endedIn  []int  // number of ended inputs per step
+	stopped  []bool // some input of the step stopped early
+	stopSeen bool
 
 	routers     []Router     // per edge, for exchange edges
 	routerEpoch []uint64     // per edge, the epoch of what the router holds
@@ -36,8 +38,9 @@ type worker struct {
 	groupDone []bool
 	closeAt   time.Time
 	committed uint64
-	lastSent  uint64 // last frontier reported
-	cur       int    // the step being called, for panic reports
+	lastSent  uint64     // last frontier reported
+	cur       int        // the step being called, for panic reports
+	snaps     []Snapshot // taken since the last report
 
 	wake  chan struct{}
 	timer *time.Timer
@@ -139,22 +142,30 @@ func (w *worker) sendMarker(step int, kind msgKind, epoch uint64) {
 	}
 }
 
-// endStep calls OnEOF on a step whose inputs have all ended and passes the end on.
-func (w *worker) endStep(step int) error {
+// endStep ends a step whose inputs have all ended and passes the end on. OnEOF is called only
+// for a real end of input; a step that ends because of a graceful stop keeps its state as it is
+// (it is snapshotted, and a resumed run carries on with it).
+func (w *worker) endStep(step int, stopped bool) error {
 	if w.ended[step] {
 		return nil
 	}
 	d := w.p.steps[step].depth
 	w.cur = step
-	if err := w.nodes[step].OnEOF(w.epoch[d]); err != nil {
-		return w.wrap(step, err)
+	if !stopped {
+		if err := w.nodes[step].OnEOF(w.epoch[d]); err != nil {
+			return w.wrap(step, err)
+		}
 	}
 	w.ended[step] = true
-	w.sendMarker(step, msgEOF, 0)
+	kind := msgEOF
+	if stopped {
+		kind = msgStop
+	}
+	w.sendMarker(step, kind, 0)
 	for _, edges := range w.p.outEdges[step] {
 		for _, eid := range edges {
 			if !w.p.edges[eid].channel {
-				if err := w.inputEnded(w.p.edges[eid].to); err != nil {
+				if err := w.inputEnded(w.p.edges[eid].to, stopped); err != nil {
 					return err
 				}
 			}
@@ -163,10 +174,27 @@ func (w *worker) endStep(step int) error {
 	return nil
 }
 
-func (w *worker) inputEnded(step int) error {
+func (w *worker) inputEnded(step int, stopped bool) error {
 	w.endedIn[step]++
+	if stopped {
+		w.stopped[step] = true
+	}
 	if w.endedIn[step] == len(w.p.steps[step].Inputs) {
-		return w.endStep(step)
+		return w.endStep(step, w.stopped[step])
+	}
+	return nil
+}
+
+// stopSources ends every source of this worker without OnEOF, for a graceful stop: the open
+// epoch is closed and committed, and the run then returns.
+func (w *worker) stopSources() error {
+	for _, s := range w.sources {
+		if err := w.endStep(s, true); err != nil {
+			return err
+		}
+	}
+	if !w.groupDone[0] && w.groupEnded(0) {
+		return w.finishGroup(0)
 	}
 	return nil
 }
@@ -234,16 +262,20 @@ func (w *worker) drain(d int) (bool, error) {
 							return progress, fmt.Errorf("engine: step %q got a batch of closed epoch %d in epoch %d", w.p.steps[edge.to].ID, msg.epoch, e)
 						}
 						w.cur = edge.to
-						if err := w.nodes[edge.to].OnBatch(edge.toPort, e, msg.batch); err != nil {
+						node := w.nodes[edge.to]
+						if err := node.OnBatch(edge.toPort, e, msg.batch); err != nil {
 							return progress, w.wrap(edge.to, err)
+						}
+						if _, ok := node.(Consumer); ok && edge.newRouter != nil {
+							mb.sender.routers[eid].Recycle(msg.batch)
 						}
 					case msgBarrier:
 						mb.reached = max(mb.reached, msg.epoch)
-					case msgEOF:
-						mb.reached, mb.eof = eofEpoch, true
-						if w.allEnded(eid) {
+					case msgEOF, msgStop:
+						mb.reached, mb.eof, mb.stopped = eofEpoch, true, msg.kind == msgStop
+						if ended, stopped := w.allEnded(eid); ended {
 							w.edgeEnded[eid] = true
-							if err := w.inputEnded(edge.to); err != nil {
+							if err := w.inputEnded(edge.to, stopped); err != nil {
 								return progress, err
 							}
 						}
@@ -278,13 +310,19 @@ func (w *worker) drain(d int) (bool, error) {
 	return progress, nil
 }
 
-func (w *worker) allEnded(eid int) bool {
+// allEnded tells whether every sender of a channel edge has ended, and whether any of them
+// stopped.
+func (w *worker) allEnded(eid int) (ended, stopped bool) {
 	for _, mb := range w.inbox[eid] {
-		if mb != nil && !mb.eof {
-			return false
+		if mb == nil {
+			continue
 		}
+		if !mb.eof {
+			return false, false
+		}
+		stopped = stopped || mb.stopped
 	}
-	return true
+	return true, stopped
 }
 
 // frontier is the last epoch every group of this worker has closed, and whether all are done.
@@ -307,9 +345,14 @@ func (w *worker) frontier() (uint64, bool) {
 
 func (w *worker) report() {
 	f, done := w.frontier()
-	if done || f != w.lastSent {
+	if done || f != w.lastSent || len(w.snaps) > 0 {
 		w.lastSent = f
-		w.r.coord.report(w.index, f, done)
+		snaps := w.snaps
+		w.snaps = nil
+		if len(snaps) > 0 {
+			w.r.coord.hit("after-snapshot")
+		}
+		w.r.coord.report(w.index, f, done, snaps)
 	}
 }
 
@@ -343,7 +386,7 @@ func (w *worker) pollSources() (bool, error) {
 		}
 		progress = progress || prog
 		if eof {
-			if err := w.endStep(s); err != nil {
+			if err := w.endStep(s, false); err != nil {
 				return progress, err
 			}
 			progress = true
@@ -388,6 +431,7 @@ func (w *worker) runTimers(now time.Time) (bool, error) {
 }
 
 func (w *worker) commitUpTo(c uint64) error {
+	w.r.coord.hit("before-commit-calls")
 	for _, s := range w.commit {
 		w.cur = s
 		if err := w.nodes[s].(Committer).Commit(w.ctx, c); err != nil {
@@ -409,6 +453,13 @@ func (w *worker) done() bool {
 
 // loop runs until every step has ended and the last epoch is committed, or ctx is done.
 func (w *worker) loop() error {
+	if w.r.cfg.StartEpoch > 1 {
+		// A resumed run: commit the resume states once more before the first read, in case
+		// the commit of that epoch was lost in the crash.
+		if err := w.commitUpTo(w.r.cfg.StartEpoch - 1); err != nil {
+			return err
+		}
+	}
 	w.closeAt = time.Now().Add(w.r.cfg.EpochInterval)
 	w.report()
 	for {
@@ -427,6 +478,12 @@ func (w *worker) loop() error {
 			}
 			w.park(time.Time{}, nil)
 			continue
+		}
+		if !w.stopSeen && w.r.stopping.Load() {
+			w.stopSeen = true
+			if err := w.stopSources(); err != nil {
+				return err
+			}
 		}
 		progress := false
 		for d := 1; d < len(w.epoch); d++ {
