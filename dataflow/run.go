@@ -29,6 +29,11 @@ type Options struct {
 	MaxEpochsInFlight int
 	// Logger receives the run's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Stop, when closed, stops the flow gracefully: sources stop reading, the open epoch is
+	// closed and committed, the last Commits are called, and Run returns nil. Steps do not see
+	// an end of input (Reduce and the like emit nothing), so a run that resumes from the
+	// recovery store carries on where this one stopped.
+	Stop <-chan struct{}
 }
 
 // Run executes the flow and returns when every source has ended and the last epoch is
@@ -61,6 +66,7 @@ func (o Options) config() (engine.Config, error) {
 		MaxEpochsInFlight: o.MaxEpochsInFlight,
 		BatchSize:         exchangeBatch,
 		Logger:            o.Logger,
+		Stop:              o.Stop,
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = 1
