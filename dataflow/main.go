@@ -10,8 +10,11 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/epochflow/epochflow/recovery"
 )
 
 // Main runs flow as the program: it parses the command line (see MainFunc), runs the flow, and
@@ -28,10 +31,18 @@ func Main(flow *Flow) {
 //
 //	-workers N          EPOCHFLOW_WORKERS         workers in this process (default 1)
 //	-epoch-interval D   EPOCHFLOW_EPOCH_INTERVAL  how often epochs close (default 1s)
+//	-recovery DIR       EPOCHFLOW_RECOVERY        recovery store directory (created if missing);
+//	                                              without it the flow keeps no state across runs
+//	-backup-interval D  EPOCHFLOW_BACKUP_INTERVAL how long superseded snapshots are kept (default 0)
 //	-log-level L        EPOCHFLOW_LOG_LEVEL       debug, info, warn or error (default info)
 //	-graph                                        print the flow as a Mermaid chart and exit
 //
-// SIGINT and SIGTERM stop the flow.
+// The first SIGINT or SIGTERM stops the flow gracefully: sources stop reading, the open epoch
+// is finished and committed, the last Commits are called, and the program exits 0. A second
+// signal aborts at once (exit 1); with -recovery, the next run resumes from the last commit.
+//
+// For crash tests, EPOCHFLOW_CRASH_AT=POINT:N kills the process with SIGKILL the Nth time the
+// engine reaches POINT (see Options.CrashHook for the points).
 func MainFunc(build func() (*Flow, error)) {
 	os.Exit(mainFunc(flag.CommandLine, os.Args[1:], os.Stdout, os.Stderr, build))
 }
@@ -43,6 +54,10 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		"how often each worker closes its epoch (env EPOCHFLOW_EPOCH_INTERVAL)")
 	level := fs.String("log-level", envString("EPOCHFLOW_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env EPOCHFLOW_LOG_LEVEL)")
 	graph := fs.Bool("graph", false, "print the flow as a Mermaid chart and exit")
+	recoveryDir := fs.String("recovery", envString("EPOCHFLOW_RECOVERY", ""),
+		"recovery store directory, created if missing (env EPOCHFLOW_RECOVERY); without it a crash loses the flow's state")
+	backup := fs.Duration("backup-interval", envDuration("EPOCHFLOW_BACKUP_INTERVAL", 0),
+		"how long a snapshot is kept after a newer one of the same key is committed (env EPOCHFLOW_BACKUP_INTERVAL)")
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -60,6 +75,15 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		fmt.Fprintf(stderr, "invalid value %v for flag -epoch-interval: want a positive duration such as 500ms\n", *interval)
 		return 2
 	}
+	if *backup < 0 {
+		fmt.Fprintf(stderr, "invalid value %v for flag -backup-interval: want 0 or a positive duration\n", *backup)
+		return 2
+	}
+	crash, err := crashFromEnv(os.Getenv("EPOCHFLOW_CRASH_AT"))
+	if err != nil {
+		fmt.Fprintf(stderr, "invalid EPOCHFLOW_CRASH_AT: %v\n", err)
+		return 2
+	}
 	flow, err := build()
 	if err == nil && flow == nil {
 		err = fmt.Errorf("the build function returned no flow")
@@ -73,14 +97,77 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		return 0
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err = Run(ctx, flow, Options{Workers: *workers, EpochInterval: *interval, Logger: logger})
-	if err != nil {
+	opts := Options{Workers: *workers, EpochInterval: *interval, Logger: logger, CrashHook: crash}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if *recoveryDir != "" {
+		store, err := recovery.OpenSQLite(ctx, *recoveryDir, recovery.SQLiteOptions{BackupInterval: *backup})
+		if err != nil {
+			fmt.Fprintf(stderr, "epochflow: -recovery %s: %v\n", *recoveryDir, err)
+			return 1
+		}
+		defer store.Close()
+		opts.Recovery = store
+	} else {
+		logger.Info("running without a recovery store: a crash loses the flow's state and progress; use -recovery DIR to keep them", "flow", flow.Name())
+	}
+
+	// The first signal stops gracefully, the second aborts.
+	stop := make(chan struct{})
+	opts.Stop = stop
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go func() {
+		select {
+		case s := <-sigs:
+			logger.Info("stopping: finishing and committing the current epoch; signal again to abort", "signal", s.String())
+			close(stop)
+		case <-watchDone:
+			return
+		}
+		select {
+		case s := <-sigs:
+			logger.Warn("aborting", "signal", s.String())
+			cancel()
+		case <-watchDone:
+		}
+	}()
+	if err := Run(ctx, flow, opts); err != nil {
 		fmt.Fprintf(stderr, "epochflow: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// crashFromEnv parses EPOCHFLOW_CRASH_AT (POINT:N) into a hook that kills the process with
+// SIGKILL the Nth time the engine reaches POINT.
+func crashFromEnv(v string) (func(string) bool, error) {
+	if v == "" {
+		return nil, nil
+	}
+	point, count, ok := strings.Cut(v, ":")
+	n, err := strconv.Atoi(count)
+	if !ok || err != nil || n < 1 || point == "" {
+		return nil, fmt.Errorf("%q: want POINT:N, such as after-commit-record:3", v)
+	}
+	var mu sync.Mutex
+	return func(p string) bool {
+		if p != point {
+			return false
+		}
+		mu.Lock()
+		n--
+		hit := n == 0
+		mu.Unlock()
+		if hit {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL is not handled: the process ends here
+		}
+		return false
+	}, nil
 }
 
 func envString(name, def string) string {

@@ -161,7 +161,10 @@ func (n *partSinkNode[T, S]) ConsumesBatches() {}
 
 func (n *partSinkNode[T, S]) OnClose(epoch uint64) error {
 	for _, p := range n.parts {
-		s := p.sink.Snapshot()
+		s, err := p.sink.Snapshot()
+		if err != nil {
+			return fmt.Errorf("partition %q: snapshot: %w", p.key, err)
+		}
 		p.snaps = append(p.snaps, snap[S]{epoch, s})
 		if err := savePart(n.env, n.codec, epoch, p.key, s); err != nil {
 			return err

@@ -8,7 +8,11 @@ import (
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/engine"
+	"github.com/epochflow/epochflow/recovery"
 )
+
+// ErrCrashed is what Run's error wraps when a CrashHook stopped the run.
+var ErrCrashed = engine.ErrCrashed
 
 // DefaultEpochInterval is how often a worker closes its epoch when Options.EpochInterval is
 // zero. Shorter epochs commit (and so acknowledge) sooner; longer ones snapshot less often.
@@ -29,6 +33,18 @@ type Options struct {
 	MaxEpochsInFlight int
 	// Logger receives the run's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Recovery is the store that makes the run durable: each committed epoch is recorded in
+	// it with the snapshots of every stateful step, source and sink, and a run that starts on a
+	// store that has committed epochs resumes after the last one. nil runs without
+	// durability: a crash loses the state, and the sources start from the beginning.
+	Recovery recovery.Store
+	// CrashHook, if set, is called at named points of the commit protocol: "after-snapshot"
+	// (a worker handed its snapshots over), "before-commit-record", "after-commit-record" (the
+	// store has recorded the epoch) and "before-commit-calls" (a worker is about to call
+	// Commit). When it returns true the run stops there at once, as a crash would: nothing
+	// more is committed and nothing is closed, and Run returns an error wrapping ErrCrashed.
+	// It is called from several goroutines at once. It exists for tests of recovery.
+	CrashHook func(point string) bool
 	// Stop, when closed, stops the flow gracefully: sources stop reading, the open epoch is
 	// closed and committed, the last Commits are called, and Run returns nil. Steps do not see
 	// an end of input (Reduce and the like emit nothing), so a run that resumes from the
@@ -53,6 +69,11 @@ func Run(ctx context.Context, f *Flow, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("flow %q: %w", f.name, err)
 	}
+	if opts.Recovery != nil {
+		if err := f.resume(ctx, opts.Recovery, &cfg); err != nil {
+			return fmt.Errorf("flow %q: %w", f.name, err)
+		}
+	}
 	if err := engine.Run(ctx, &f.graph, cfg); err != nil {
 		return fmt.Errorf("flow %q: %w", f.name, err)
 	}
@@ -67,6 +88,7 @@ func (o Options) config() (engine.Config, error) {
 		BatchSize:         exchangeBatch,
 		Logger:            o.Logger,
 		Stop:              o.Stop,
+		Crash:             o.CrashHook,
 	}
 	if cfg.Workers == 0 {
 		cfg.Workers = 1

@@ -25,10 +25,11 @@ type PartitionedSink[T, S any] interface {
 type StatefulSink[T, S any] interface {
 	// Write writes a batch. The batch belongs to the engine: copy what you keep.
 	Write(ctx context.Context, batch []T) error
-	// Snapshot is the pre-commit, called at the end of every epoch: when it returns, everything
-	// written so far must be durable or prepared, and the state it returns must be enough to
-	// resume (or to finish a prepared write) after a crash.
-	Snapshot() S
+	// Snapshot is the pre-commit, called at the end of every epoch: when it returns nil,
+	// everything written so far must be durable or prepared, and the state it returns must be
+	// enough to resume (or to finish a prepared write) after a crash. An error (a failed flush
+	// or PREPARE) stops the flow: the epoch is never committed.
+	Snapshot() (S, error)
 	// Commit tells the partition that the epoch of state is committed: make its writes final
 	// (visible) if they are not yet.
 	Commit(ctx context.Context, state S) error

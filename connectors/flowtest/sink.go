@@ -86,12 +86,12 @@ func (p *sinkPart[T]) Write(_ context.Context, batch []T) error {
 	return nil
 }
 
-func (p *sinkPart[T]) Snapshot() uint64 {
+func (p *sinkPart[T]) Snapshot() (uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e := p.epoch
 	p.epoch++
-	return e
+	return e, nil
 }
 
 func (p *sinkPart[T]) Commit(_ context.Context, epoch uint64) error {

@@ -2,10 +2,14 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 )
+
+// ErrCrashed is the cause of a run stopped by its crash hook.
+var ErrCrashed = errors.New("crashed by the crash hook")
 
 // coordinator collects every worker's frontier and advances the committed epoch when the
 // cluster frontier passes it. With a store, a writer goroutine first records the epoch and its
@@ -21,7 +25,7 @@ type coordinator struct {
 	allDone   bool       // every worker is done; requested is the final epoch
 	onCommit  func(epoch uint64) error
 	store     Store
-	crash     func(point string)
+	crash     func(point string) bool
 	ctx       context.Context
 	fail      func(error)
 
@@ -82,10 +86,14 @@ func (c *coordinator) publish(epoch uint64, final bool) {
 	}
 }
 
-func (c *coordinator) hit(point string) {
-	if c.crash != nil {
-		c.crash(point)
+// hit calls the crash hook at a named point; it reports true when the run must stop there as
+// if it crashed.
+func (c *coordinator) hit(point string) bool {
+	if c.crash != nil && c.crash(point) {
+		c.fail(fmt.Errorf("%w at %s", ErrCrashed, point))
+		return true
 	}
+	return false
 }
 
 // writer records requested epochs in the store, one transaction each, coalescing epochs that
@@ -116,12 +124,16 @@ func (c *coordinator) writer() {
 		c.mu.Unlock()
 
 		if epoch > c.committed.Load() {
-			c.hit("before-commit-record")
+			if c.hit("before-commit-record") {
+				return
+			}
 			if err := c.store.Commit(c.ctx, epoch, frontiers, snaps); err != nil {
 				c.fail(fmt.Errorf("recording epoch %d as committed: %w", epoch, err))
 				return
 			}
-			c.hit("after-commit-record")
+			if c.hit("after-commit-record") {
+				return
+			}
 			if c.onCommit != nil {
 				if err := c.onCommit(epoch); err != nil {
 					c.fail(err)

@@ -27,8 +27,9 @@ type Config struct {
 	Store Store
 	// Restored is the state to resume from, per step id.
 	Restored map[string][]Restored
-	// Crash, if set, is called at named points of the commit protocol (for crash tests).
-	Crash func(point string)
+	// Crash, if set, is called at named points of the commit protocol (for crash tests); when
+	// it returns true the run stops there as if the process died: no more commits, no Close.
+	Crash func(point string) bool
 	// Stop, when closed, makes the run stop gracefully: sources stop reading, the open epoch
 	// is closed and committed, and Run returns nil. Steps do not see an end of input.
 	Stop <-chan struct{}
@@ -298,6 +299,9 @@ func (w *worker) main() (err error) {
 			w.r.cfg.Logger.Error("panic in step", "step", w.p.steps[w.cur].ID, "worker", w.index,
 				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = &StepError{Step: w.p.steps[w.cur].ID, Worker: w.index, Err: fmt.Errorf("panic: %v", p)}
+		}
+		if errors.Is(context.Cause(w.ctx), ErrCrashed) {
+			return // a simulated crash: nothing is closed
 		}
 		if cerr := w.closeNodes(); cerr != nil {
 			err = errors.Join(err, cerr)

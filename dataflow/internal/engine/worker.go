@@ -349,8 +349,8 @@ func (w *worker) report() {
 		w.lastSent = f
 		snaps := w.snaps
 		w.snaps = nil
-		if len(snaps) > 0 {
-			w.r.coord.hit("after-snapshot")
+		if len(snaps) > 0 && w.r.coord.hit("after-snapshot") {
+			return
 		}
 		w.r.coord.report(w.index, f, done, snaps)
 	}
@@ -431,8 +431,13 @@ func (w *worker) runTimers(now time.Time) (bool, error) {
 }
 
 func (w *worker) commitUpTo(c uint64) error {
-	w.r.coord.hit("before-commit-calls")
-	for _, s := range w.commit {
+	if w.r.coord.hit("before-commit-calls") {
+		return ErrCrashed
+	}
+	// Downstream first: a sink makes an epoch's output final before a source of the same
+	// worker acknowledges its input.
+	for i := len(w.commit) - 1; i >= 0; i-- {
+		s := w.commit[i]
 		w.cur = s
 		if err := w.nodes[s].(Committer).Commit(w.ctx, c); err != nil {
 			return w.wrap(s, err)

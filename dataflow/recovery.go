@@ -1,0 +1,71 @@
+package dataflow
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/epochflow/epochflow/dataflow/internal/engine"
+	"github.com/epochflow/epochflow/recovery"
+)
+
+// storeAdapter writes the engine's committed epochs to a recovery.Store.
+type storeAdapter struct{ store recovery.Store }
+
+func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint64, snaps []engine.Snapshot) error {
+	rs := make([]recovery.Snapshot, len(snaps))
+	for i, s := range snaps {
+		rs[i] = recovery.Snapshot{Step: s.Step, Key: s.Key, Epoch: s.Epoch, State: s.State, Deleted: s.Deleted}
+	}
+	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Snapshots: rs})
+}
+
+// resume checks that store can serve this flow, records the new execution and loads the state
+// every step resumes from. A store that holds state of steps this flow does not have is
+// refused before anything is written to it.
+func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Config) error {
+	stored, err := store.StepIDs(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the recovery store: %w", err)
+	}
+	ids := f.StepIDs()
+	var unknown []string
+	for _, s := range stored {
+		if !slices.Contains(ids, s) {
+			unknown = append(unknown, fmt.Sprintf("%q", s))
+		}
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("the recovery store holds the state of step %s, which flow %q does not have: "+
+			"it was written by another flow or by another version of this one; "+
+			"run with a new recovery directory, or with the flow that wrote it",
+			strings.Join(unknown, ", "), f.name)
+	}
+	res, err := store.Begin(ctx, recovery.Execution{Flow: f.name, Steps: ids, Workers: cfg.Workers})
+	if err != nil {
+		return err
+	}
+	cfg.StartEpoch = res.Committed + 1
+	cfg.Recovery = true
+	cfg.Store = storeAdapter{store}
+	cfg.Restored = map[string][]engine.Restored{}
+	for _, s := range stored {
+		var rs []engine.Restored
+		err := store.Load(ctx, s, func(key string, _ uint64, state []byte) error {
+			rs = append(rs, engine.Restored{Key: key, State: state})
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("loading the state of step %q: %w", s, err)
+		}
+		if len(rs) > 0 {
+			cfg.Restored[s] = rs
+		}
+	}
+	if res.Committed > 0 {
+		cfg.Logger.Info("resuming from the recovery store", "flow", f.name, "execution", res.Execution,
+			"committed_epoch", res.Committed, "previous_workers", res.Workers, "workers", cfg.Workers)
+	}
+	return nil
+}

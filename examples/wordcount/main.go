@@ -1,0 +1,53 @@
+// Command wordcount counts the words of a text with an epochflow flow: it splits lines on white
+// space, keys every word by itself (so each word's count lives on one worker), counts per key
+// and writes one "word<TAB>count" line per distinct word, in no particular order.
+//
+//	go run ./examples/wordcount -input FILE -output FILE [-workers N] [-epoch-interval D]
+//
+// Without -input it reads standard input; without -output it writes standard output.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/epochflow/epochflow/connectors/file"
+	"github.com/epochflow/epochflow/connectors/stdio"
+	"github.com/epochflow/epochflow/dataflow"
+	"github.com/epochflow/epochflow/operators"
+)
+
+func main() {
+	input := flag.String("input", "", "text file to count (default: standard input)")
+	output := flag.String("output", "", "file to write the counts to (default: standard output)")
+	dataflow.MainFunc(func() (*dataflow.Flow, error) {
+		return build(*input, *output), nil
+	})
+}
+
+func format(kv dataflow.KV[int]) string { return fmt.Sprintf("%s\t%d", kv.Key, kv.Value) }
+
+// build returns the word count flow reading input (stdin when empty) and writing output (stdout
+// when empty).
+func build(input, output string) *dataflow.Flow {
+	flow := dataflow.New("wordcount")
+	var src dataflow.Source[string]
+	if input == "" {
+		src = stdio.Lines()
+	} else {
+		src = file.Lines(input)
+	}
+	lines := operators.Input(flow, "read", src)
+	words := operators.FlatMap("split", lines, strings.Fields)
+	counts := operators.Count("count", words, func(w string) string { return w })
+	var sink dataflow.Sink[dataflow.KV[int]]
+	if output == "" {
+		sink = stdio.PrintTo(os.Stdout, format)
+	} else {
+		sink = file.LinesOut(output, format)
+	}
+	operators.Output("write", counts, sink)
+	return flow
+}
