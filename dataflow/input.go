@@ -36,7 +36,9 @@ func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
 		return Source[T]{}
 	}
 	return Source[T]{
-		setup: func(ctx context.Context, workers int) (any, error) { return listParts(ctx, src.Parts) },
+		setup: func(ctx context.Context, workers int) (any, error) {
+			return listParts(withWorkerCount(ctx, workers), src.Parts)
+		},
 		build: func(env *engine.Env, shared any) (engine.Node, error) {
 			parts := shared.([]string)
 			resume, err := restoredParts[S](env, parts)

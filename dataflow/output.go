@@ -39,7 +39,9 @@ func ToPartitioned[T, S any](sink PartitionedSink[T, S]) Sink[T] {
 		return Sink[T]{}
 	}
 	return Sink[T]{
-		setup: func(ctx context.Context, workers int) (any, error) { return listParts(ctx, sink.Parts) },
+		setup: func(ctx context.Context, workers int) (any, error) {
+			return listParts(withWorkerCount(ctx, workers), sink.Parts)
+		},
 		route: func(shared any) func(T, int) (int, error) {
 			n := len(shared.([]string))
 			return func(item T, total int) (int, error) {

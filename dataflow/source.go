@@ -7,6 +7,21 @@ import (
 	"github.com/epochflow/epochflow/dataflow/internal/engine"
 )
 
+type workersKey struct{}
+
+// WorkerCount returns the total number of workers of the run, from the context the engine
+// passes to Parts of a PartitionedSource or PartitionedSink (0 from any other context). A
+// connector whose partitions are consumers rather than data (a queue read by one consumer per
+// worker) lists that many.
+func WorkerCount(ctx context.Context) int {
+	n, _ := ctx.Value(workersKey{}).(int)
+	return n
+}
+
+func withWorkerCount(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, workersKey{}, n)
+}
+
 // PartitionedSource is a source made of named partitions, each with its own resume state S: a
 // file, a queue consumer, a replication slot. Every partition lives on exactly one worker.
 //
