@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow"
+	"github.com/epochflow/epochflow/operators"
 )
 
 // benchText returns lines of words drawn from a vocabulary of vocab words (Zipf-like, as in
@@ -44,7 +45,8 @@ func countPlain(lines []string) map[string]int {
 	return m
 }
 
-// wordcountFlow builds the word count the wordcount example runs, over lines split into
+// wordcountFlow builds the word count the wordcount example runs (FlatMap, then Count, which
+// keys each word by itself and exchanges it to the worker that owns it), over lines split into
 // parts partitions.
 func wordcountFlow(lines []string, parts int, sink dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow {
 	src := sliceSource{parts: map[string][]string{}, batch: 256}
@@ -53,26 +55,10 @@ func wordcountFlow(lines []string, parts int, sink dataflow.Sink[dataflow.KV[int
 		src.parts[fmt.Sprint(i)] = lines[lo:hi]
 	}
 	f := dataflow.New("wordcount")
-	in := dataflow.Input(f, "read", dataflow.FromPartitioned[string, int](src))
-	words := dataflow.TransformInto("split", in, func(b []string, out []dataflow.KV[struct{}]) ([]dataflow.KV[struct{}], error) {
-		for _, l := range b {
-			for _, w := range strings.Fields(l) {
-				out = append(out, dataflow.KV[struct{}]{Key: w})
-			}
-		}
-		return out, nil
-	})
-	counts := dataflow.Stateful("count", words, dataflow.StatefulLogic[struct{}, int, int]{
-		OnItem: func(_ string, n *int, _ bool, _ struct{}, _ *dataflow.Emitter[int]) (bool, error) {
-			*n++
-			return true, nil
-		},
-		OnEOF: func(_ string, n *int, out *dataflow.Emitter[int]) (bool, error) {
-			out.Emit(*n)
-			return false, nil
-		},
-	})
-	dataflow.Output("write", counts, sink)
+	in := operators.Input(f, "read", dataflow.FromPartitioned[string, int](src))
+	words := operators.FlatMap("split", in, strings.Fields)
+	counts := operators.Count("count", words, func(w string) string { return w })
+	operators.Output("write", counts, sink)
 	return f
 }
 

@@ -26,7 +26,7 @@ type StatefulLogic[V, S, W any] struct {
 	// Codec stores the state in the recovery store: at the end of every epoch, the state of
 	// each key that changed in it (a discarded key is stored as deleted). Optional: nil means
 	// DefaultCodec, and a run with recovery refuses to start when CheckCodec finds S cannot
-	// round-trip through it.
+	// round-trip through it. A codec with a method Check() error is asked the same at start.
 	Codec Codec[S]
 }
 
@@ -94,6 +94,10 @@ func newStatefulNode[V, S, W any](env *engine.Env, logic StatefulLogic[V, S, W])
 			if err := CheckCodec[S](); err != nil {
 				return nil, err
 			}
+		}
+	} else if c, ok := n.codec.(interface{ Check() error }); ok && env.Recovery {
+		if err := c.Check(); err != nil {
+			return nil, err
 		}
 	}
 	for _, r := range env.Restored() {
@@ -190,8 +194,13 @@ func (n *statefulNode[V, S, W]) OnTime(now time.Time, epoch uint64) (err error) 
 			err = fmt.Errorf("key %q: notify: panic: %v", cur, p)
 		}
 	}()
+	// Only the timers due now fire; one a call re-arms for a time already past fires on the
+	// next call, so a logic that keeps asking for the past cannot hang the worker.
+	var due []timer
 	for len(n.timers) > 0 && !now.Before(n.timers[0].at) {
-		t := heap.Pop(&n.timers).(timer)
+		due = append(due, heap.Pop(&n.timers).(timer))
+	}
+	for _, t := range due {
 		e := n.states[t.key]
 		if e == nil || !e.notify.Equal(t.at) {
 			continue // stale: the key was discarded or asked for another time
