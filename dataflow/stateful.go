@@ -3,6 +3,7 @@ package dataflow
 import (
 	"container/heap"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/engine"
@@ -70,20 +71,22 @@ func Stateful[V, S, W any](name string, in Stream[KV[V]], logic StatefulLogic[V,
 }
 
 type entry[S any] struct {
-	state  S
-	notify time.Time
-	dirty  bool // changed in the open epoch (tracked with recovery only)
+	state     S
+	notify    time.Time
+	dirty     bool // changed in the open epoch (tracked with recovery only)
+	persisted bool // the recovery store has a state of this key
 }
 
 type statefulNode[V, S, W any] struct {
-	env    *engine.Env
-	logic  StatefulLogic[V, S, W]
-	codec  Codec[S]
-	states map[string]*entry[S]
-	out    Emitter[W]
-	timers timerHeap
-	track  bool     // recovery is on: remember which keys changed
-	dirty  []string // keys changed (or discarded) in the open epoch
+	env     *engine.Env
+	logic   StatefulLogic[V, S, W]
+	codec   Codec[S]
+	states  map[string]*entry[S]
+	out     Emitter[W]
+	timers  timerHeap
+	track   bool     // recovery is on: remember which keys changed
+	dirty   []string // keys whose state changed in the open epoch
+	deleted []string // keys discarded in the open epoch that the store has a state of
 }
 
 func newStatefulNode[V, S, W any](env *engine.Env, logic StatefulLogic[V, S, W]) (*statefulNode[V, S, W], error) {
@@ -108,7 +111,7 @@ func newStatefulNode[V, S, W any](env *engine.Env, logic StatefulLogic[V, S, W])
 		if err != nil {
 			return nil, fmt.Errorf("restoring state: %w", err)
 		}
-		e := &entry[S]{state: st}
+		e := &entry[S]{state: st, persisted: true}
 		n.states[r.Key] = e
 		n.arm(r.Key, e)
 	}
@@ -142,20 +145,29 @@ func (n *statefulNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err err
 
 // settle stores or drops a key's state after a call, and arms its timer.
 func (n *statefulNode[V, S, W]) settle(key string, e *entry[S], exists, keep bool) {
+	if !keep {
+		if exists {
+			n.discard(key, e)
+		}
+		return
+	}
 	if n.track && !e.dirty {
 		e.dirty = true
 		n.dirty = append(n.dirty, key)
-	}
-	if !keep {
-		if exists {
-			delete(n.states, key)
-		}
-		return
 	}
 	if !exists {
 		n.states[key] = e
 	}
 	n.arm(key, e)
+}
+
+// discard drops a key's state; a key the store has a state of gets a tombstone at the end of
+// the epoch, one it never saw needs none.
+func (n *statefulNode[V, S, W]) discard(key string, e *entry[S]) {
+	delete(n.states, key)
+	if n.track && e.persisted {
+		n.deleted = append(n.deleted, key)
+	}
 }
 
 // arm asks NotifyAt when the key wants OnNotify.
@@ -237,42 +249,46 @@ func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
 		if err != nil {
 			return fmt.Errorf("key %q: at EOF: %w", key, err)
 		}
-		if n.track && !e.dirty {
+		if !keep {
+			n.discard(key, e)
+		} else if n.track && !e.dirty {
 			e.dirty = true
 			n.dirty = append(n.dirty, key)
-		}
-		if !keep {
-			delete(n.states, key)
 		}
 	}
 	n.timers = nil
 	return n.flush(epoch)
 }
 
-// OnClose saves the state of every key that changed in the epoch (with recovery).
+// OnClose saves the state of every key that changed in the epoch, and a tombstone for every
+// key discarded in it that the store holds (with recovery).
 func (n *statefulNode[V, S, W]) OnClose(epoch uint64) error {
-	if !n.track || len(n.dirty) == 0 {
+	if !n.track {
 		return nil
 	}
-	seen := make(map[string]bool, len(n.dirty))
 	for _, key := range n.dirty {
-		if seen[key] {
-			continue
-		}
-		seen[key] = true
 		e, ok := n.states[key]
-		if !ok {
-			n.env.Save(epoch, key, nil, true)
-			continue
+		if !ok || !e.dirty {
+			continue // discarded since, or listed twice
 		}
-		e.dirty = false
 		b, err := n.codec.Encode(e.state)
 		if err != nil {
 			return fmt.Errorf("key %q: encoding state: %w", key, err)
 		}
+		e.dirty, e.persisted = false, true
 		n.env.Save(epoch, key, b, false)
 	}
+	if len(n.deleted) > 1 {
+		slices.Sort(n.deleted)
+		n.deleted = slices.Compact(n.deleted)
+	}
+	for _, key := range n.deleted {
+		if _, ok := n.states[key]; !ok {
+			n.env.Save(epoch, key, nil, true)
+		}
+	}
 	n.dirty = n.dirty[:0]
+	n.deleted = n.deleted[:0]
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow"
@@ -23,6 +22,14 @@ func final[V, S any](name string, in dataflow.Stream[dataflow.KV[V]], step func(
 			return false, nil
 		},
 	})
+}
+
+// combined puts a combiner (dataflow.Combine) named name+".combine" before a keyed step that
+// merges values with merge, so that each worker sends one value per key and epoch.
+func combined[V any](name string, in dataflow.Stream[dataflow.KV[V]], merge func(acc, v V) V) dataflow.Stream[dataflow.KV[V]] {
+	return dataflow.Combine(name+".combine", in,
+		func(kv dataflow.KV[V]) string { return kv.Key },
+		func(kv dataflow.KV[V]) V { return kv.Value }, merge)
 }
 
 // Reduce adds a keyed step that combines all values of a key into one with fn, in the order
@@ -75,17 +82,10 @@ func Count[T any](name string, in dataflow.Stream[T], key func(T) string) datafl
 	if !usable(name, in, "the key function", key == nil) || !validName(in.Flow(), name) {
 		return dataflow.Stream[dataflow.KV[int]]{}
 	}
-	// The values are empty structs: the exchange moves 16 bytes per item.
-	keyed := dataflow.TransformInto(name+".key", in, func(batch []T, out []dataflow.KV[struct{}]) (_ []dataflow.KV[struct{}], err error) {
-		i := 0
-		defer recoverItem(batch, &i, &err)
-		out = slices.Grow(out, len(batch))[:len(batch)]
-		for ; i < len(batch); i++ {
-			out[i].Key = key(batch[i])
-		}
-		return out, nil
-	})
-	return final(name, keyed, func(_ string, n *int, _ bool, _ struct{}) { *n++ })
+	// Each worker counts its own items per key and epoch first (a combiner), so one partial
+	// count per key and worker crosses the exchange, however hot the key.
+	counts := dataflow.Combine(name+".combine", in, key, func(T) int { return 1 }, func(a, b int) int { return a + b })
+	return final(name, counts, func(_ string, n *int, _ bool, v int) { *n += v })
 }
 
 // validName records a build error for an empty name, which would give a composite operator's
@@ -125,9 +125,17 @@ func MaxBy[V any](name string, in dataflow.Stream[dataflow.KV[V]], less func(a, 
 	if !usable(name, in, "the less function", less == nil) {
 		return dataflow.Stream[dataflow.KV[V]]{}
 	}
-	return final(name, in, func(_ string, m *V, exists bool, v V) {
-		if !exists || less(*m, v) {
+	larger := func(m, v V) V {
+		if less(m, v) {
+			return v
+		}
+		return m
+	}
+	return final(name, combined(name, in, larger), func(_ string, m *V, exists bool, v V) {
+		if !exists {
 			*m = v
+		} else {
+			*m = larger(*m, v)
 		}
 	})
 }
@@ -141,9 +149,17 @@ func MinBy[V any](name string, in dataflow.Stream[dataflow.KV[V]], less func(a, 
 	if !usable(name, in, "the less function", less == nil) {
 		return dataflow.Stream[dataflow.KV[V]]{}
 	}
-	return final(name, in, func(_ string, m *V, exists bool, v V) {
-		if !exists || less(v, *m) {
+	smaller := func(m, v V) V {
+		if less(v, m) {
+			return v
+		}
+		return m
+	}
+	return final(name, combined(name, in, smaller), func(_ string, m *V, exists bool, v V) {
+		if !exists {
 			*m = v
+		} else {
+			*m = smaller(*m, v)
 		}
 	})
 }

@@ -151,13 +151,14 @@ func TestItemErrors(t *testing.T) {
 		}, step: "t.op", item: keyedItem, keyed: true, panic: true},
 		{name: "Count", op: func(in S) any {
 			return operators.Count("op", in, func(s string) string { panicOn(s); return s })
-		}, step: "t.op.key", item: `"boom"`, panic: true},
+		}, step: "t.op.combine", item: `"boom"`, panic: true},
+		// MaxBy and MinBy first combine on the item's own worker (the source's, worker 0).
 		{name: "MaxBy", op: func(in S) any {
 			return operators.MaxBy("op", keyed(in), func(a, b string) bool { panicOn(b); return a < b })
-		}, step: "t.op", item: keyedItem, keyed: true, panic: true},
+		}, step: "t.op.combine", item: keyedItem, panic: true},
 		{name: "MinBy", op: func(in S) any {
 			return operators.MinBy("op", keyed(in), func(a, b string) bool { panicOn(a); return a < b })
-		}, step: "t.op", item: keyedItem, keyed: true, panic: true},
+		}, step: "t.op.combine", item: keyedItem, panic: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

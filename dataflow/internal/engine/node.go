@@ -96,6 +96,14 @@ type Consumer interface {
 	ConsumesBatches()
 }
 
+// EpochEnder is implemented by nodes that emit what they hold when an epoch ends (a combiner
+// that merges items within an epoch): OnEpochEnd is called, before OnClose and before the
+// epoch's barrier is sent on, at the end of every epoch and before a graceful stop; what it
+// emits belongs to epoch.
+type EpochEnder interface {
+	OnEpochEnd(epoch uint64) error
+}
+
 // Timed is implemented by nodes that ask to be woken at a time.
 type Timed interface {
 	// NextTime is the earliest time the node wants OnTime called; zero for none.

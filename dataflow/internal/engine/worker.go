@@ -155,6 +155,10 @@ func (w *worker) endStep(step int, stopped bool) error {
 		if err := w.nodes[step].OnEOF(w.epoch[d]); err != nil {
 			return w.wrap(step, err)
 		}
+	} else if ee, ok := w.nodes[step].(EpochEnder); ok {
+		if err := ee.OnEpochEnd(w.epoch[d]); err != nil {
+			return w.wrap(step, err)
+		}
 	}
 	w.ended[step] = true
 	kind := msgEOF
@@ -203,6 +207,11 @@ func (w *worker) stopSources() error {
 func (w *worker) closeGroup(d int, e uint64) error {
 	for _, s := range w.p.groups[d] {
 		w.cur = s
+		if ee, ok := w.nodes[s].(EpochEnder); ok && !w.ended[s] {
+			if err := ee.OnEpochEnd(e); err != nil {
+				return w.wrap(s, err)
+			}
+		}
 		if err := w.nodes[s].OnClose(e); err != nil {
 			return w.wrap(s, err)
 		}
