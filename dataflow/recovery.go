@@ -25,6 +25,14 @@ func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint
 // every step resumes from. A store that holds state of steps this flow does not have is
 // refused before anything is written to it.
 func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Config) error {
+	execs, err := store.Executions(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the recovery store: %w", err)
+	}
+	if n := len(execs); n > 0 && execs[n-1].Flow != f.name {
+		return fmt.Errorf("%w: the recovery store was written by flow %q, not %q; "+
+			"run %q with a new recovery directory", recovery.ErrOtherFlow, execs[n-1].Flow, f.name, f.name)
+	}
 	stored, err := store.StepIDs(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the recovery store: %w", err)

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -309,4 +312,68 @@ func TestQueueToTwoPhaseSinkSurvivesCrashes(t *testing.T) {
 			rt.Fatalf("%d prepared transactions left", sink.Prepared())
 		}
 	})
+}
+
+// fileBytes reads every file of a directory, to check that a refused start wrote nothing.
+func fileBytes(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = string(b)
+	}
+	return out
+}
+
+// A store written by another flow, or by a flow with other stateful steps, is refused with a
+// message that says which and what to do, and nothing in it changes.
+func TestRefusesAStoreOfAnotherFlow(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	// A running sum that keeps its state at EOF, so that the store holds it.
+	keep := sum()
+	keep.OnEOF = nil
+	sumFlow := func(name, step string) *dataflow.Flow {
+		f := dataflow.New(name)
+		in := dataflow.Input(f, "in", flowtest.List(1, 2, 3, 4))
+		dataflow.Output("out", dataflow.Stateful(step, dataflow.Transform("key", in, keyed), keep),
+			flowtest.NewSink[dataflow.KV[int]]().Output())
+		return f
+	}
+	store := openStore(t, dir)
+	if err := dataflow.Run(ctx, sumFlow("first", "sum"), dataflow.Options{Recovery: store}); err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	before := fileBytes(t, dir)
+
+	for _, c := range []struct {
+		flow *dataflow.Flow
+		want []string
+	}{
+		{sumFlow("second", "sum"), []string{`"second"`, `"first"`}},
+		{sumFlow("first", "total"), []string{`"first.sum"`, "another flow or by another version", "new recovery directory"}},
+	} {
+		store := openStore(t, dir)
+		err := dataflow.Run(ctx, c.flow, dataflow.Options{Recovery: store})
+		store.Close()
+		if err == nil {
+			t.Fatalf("flow %q started on a store of another flow", c.flow.Name())
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not say %s", err, w)
+			}
+		}
+	}
+	if after := fileBytes(t, dir); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Error("a refused start changed the store's files")
+	}
 }

@@ -49,6 +49,7 @@ func (e *StepError) Error() string {
 func (e *StepError) Unwrap() error { return e.Err }
 
 type run struct {
+	start    time.Time // epochs close on ticks of EpochInterval from here, on every worker
 	cfg      Config
 	coord    *coordinator
 	stopping atomic.Bool
@@ -82,7 +83,7 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	r := &run{cfg: cfg}
+	r := &run{cfg: cfg, start: time.Now()}
 	n := cfg.Workers
 	r.coord = &coordinator{frontier: make([]uint64, n), done: make([]bool, n), onCommit: cfg.OnCommit,
 		store: cfg.Store, crash: cfg.Crash, ctx: ctx, wakeWriter: make(chan struct{}, 1),
@@ -179,6 +180,15 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 		}
 	}
 	return errors.Join(out...)
+}
+
+// nextTick is the first tick of the run's epoch clock after now. Every worker closes its epochs
+// on the same ticks, so an epoch ends at about the same time everywhere and commits without
+// waiting for a worker whose clock lags.
+func (r *run) nextTick(now time.Time) time.Time {
+	iv := r.cfg.EpochInterval
+	k := now.Sub(r.start)/iv + 1
+	return r.start.Add(k * iv)
 }
 
 func newWorker(r *run, p *plan, i, n int, shared []any) *worker {

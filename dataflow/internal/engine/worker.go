@@ -416,7 +416,7 @@ func (w *worker) maybeCloseEpoch(now time.Time) (bool, error) {
 		return false, err
 	}
 	w.epoch[0] = e + 1
-	w.closeAt = now.Add(w.r.cfg.EpochInterval)
+	w.closeAt = w.r.nextTick(now)
 	w.report()
 	return true, nil
 }
@@ -474,7 +474,7 @@ func (w *worker) loop() error {
 			return err
 		}
 	}
-	w.closeAt = time.Now().Add(w.r.cfg.EpochInterval)
+	w.closeAt = w.r.nextTick(time.Now())
 	w.report()
 	for {
 		if err := w.ctx.Err(); err != nil {
