@@ -26,7 +26,10 @@ func BenchmarkResume1MKeys(b *testing.B) {
 		in := operators.Input(f, "in", dataflow.FromDynamic[int](emptySource{}))
 		kept := dataflow.Stateful("state", operators.KeyOn("key", in, func(v int) string { return fmt.Sprint(v) }),
 			dataflow.StatefulLogic[int, int, int]{
-				OnItem: func(_ string, s *int, _ bool, v int, _ *dataflow.Emitter[int]) (bool, error) { *s += v; return true, nil },
+				OnItem: func(_ string, s *int, _ bool, v int, _ *dataflow.Emitter[int]) (bool, error) {
+					*s += v
+					return true, nil
+				},
 			})
 		operators.Output("out", kept, dataflow.ToDynamic[dataflow.KV[int]](&discard[dataflow.KV[int]]{}))
 		return f
