@@ -182,3 +182,48 @@ func TestGracefulStop(t *testing.T) {
 		t.Errorf("source commits %v, want the last at event 1", commits)
 	}
 }
+
+// A step that merges a stream read on this worker with one that crossed an exchange gets all of
+// both, epoch by epoch (the local side is aligned through a forward channel).
+func TestMergeAcrossExchangeDepths(t *testing.T) {
+	for _, workers := range []int{1, 3} {
+		var script []flowtest.Event[int]
+		var want []int
+		for i := range 40 {
+			script = append(script, flowtest.Items(i), flowtest.Pause[int](time.Millisecond))
+			want = append(want, i, 1000+i)
+		}
+		f := dataflow.New("depths")
+		in := dataflow.Input(f, "in", flowtest.NewSource(3, script).Input())
+		shifted := dataflow.Transform("shift", dataflow.Redistribute("spread", in), func(b []int) ([]int, error) {
+			out := make([]int, len(b))
+			for i, v := range b {
+				out[i] = v + 1000
+			}
+			return out, nil
+		})
+		sink := flowtest.NewSink[int]()
+		dataflow.Output("out", dataflow.Merge("merge", in, shifted), sink.Output())
+		if err := dataflow.Run(context.Background(), f, dataflow.Options{Workers: workers, EpochInterval: time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		got := sink.Items()
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("workers=%d: got %v, want %v", workers, got, want)
+		}
+		// Every item lands in the epoch it was read in: v and v+1000 share one.
+		epochOf := map[int]uint64{}
+		for e, items := range sink.ByEpoch() {
+			for _, v := range items {
+				epochOf[v] = e
+			}
+		}
+		for i := range 40 {
+			if epochOf[i] != epochOf[1000+i] {
+				t.Errorf("workers=%d: %d in epoch %d but %d in epoch %d", workers, i, epochOf[i], 1000+i, epochOf[1000+i])
+			}
+		}
+	}
+}
