@@ -128,7 +128,7 @@ func FromDynamic[T any](src DynamicSource[T]) Source[T] {
 				return nil, err
 			}
 			if s == nil {
-				return nil, errors.New("Build returned a nil source")
+				return nil, errors.New("the source's Build returned a nil WorkerSource")
 			}
 			// No codec: a dynamic source has no state to store.
 			return &partSourceNode[T, struct{}]{env: env, parts: []*sourcePart[T, struct{}]{

@@ -98,7 +98,7 @@ func ToDynamic[T any](sink DynamicSink[T]) Sink[T] {
 				return nil, err
 			}
 			if s == nil {
-				return nil, errors.New("Build returned a nil sink")
+				return nil, errors.New("the sink's Build returned a nil WorkerSink")
 			}
 			return &dynSinkNode[T]{env: env, sink: s}, nil
 		},
