@@ -58,7 +58,7 @@ func TestResumeAfterCrashKeepsState(t *testing.T) {
 		return f
 	}
 	ctx := context.Background()
-	points := []string{"after-snapshot", "before-commit-record", "after-commit-record", "before-commit-calls"}
+	points := []string{"after-snapshot", "before-commit-record", "after-commit-record", "before-commit-calls", "inside-commit"}
 	crashed := 0
 	for i, point := range points {
 		store := openStore(t, dir)
@@ -236,7 +236,7 @@ func TestCommitOnlyAfterTheStoreRecordedTheEpoch(t *testing.T) {
 // and restarted until it finishes: every message is visible in the sink exactly once, and no
 // message is acked before the epoch that carried it is committed (its output visible).
 func TestQueueToTwoPhaseSinkSurvivesCrashes(t *testing.T) {
-	points := []string{"after-snapshot", "before-commit-record", "after-commit-record", "before-commit-calls"}
+	points := []string{"after-snapshot", "before-commit-record", "after-commit-record", "before-commit-calls", "inside-commit"}
 	rapid.Check(t, func(rt *rapid.T) {
 		n := rapid.IntRange(1, 400).Draw(rt, "messages")
 		q := flowtest.NewQueue(time.Hour)

@@ -40,10 +40,11 @@ type Options struct {
 	Recovery recovery.Store
 	// CrashHook, if set, is called at named points of the commit protocol: "after-snapshot"
 	// (a worker handed its snapshots over), "before-commit-record", "after-commit-record" (the
-	// store has recorded the epoch) and "before-commit-calls" (a worker is about to call
-	// Commit). When it returns true the run stops there at once, as a crash would: nothing
-	// more is committed and nothing is closed, and Run returns an error wrapping ErrCrashed.
-	// It is called from several goroutines at once. It exists for tests of recovery.
+	// store has recorded the epoch), "before-commit-calls" (a worker is about to call Commit)
+	// and "inside-commit" (after each Commit call of a step, before the next step's). When it
+	// returns true the run stops there at once, as a crash would: nothing more is committed
+	// and nothing is closed, and Run returns an error wrapping ErrCrashed. It is called from
+	// several goroutines at once. It exists for tests of recovery.
 	CrashHook func(point string) bool
 	// Stop, when closed, stops the flow gracefully: sources stop reading, the open epoch is
 	// closed and committed, the last Commits are called, and Run returns nil. Steps do not see

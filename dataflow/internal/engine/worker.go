@@ -451,6 +451,9 @@ func (w *worker) commitUpTo(c uint64) error {
 		if err := w.nodes[s].(Committer).Commit(w.ctx, c); err != nil {
 			return w.wrap(s, err)
 		}
+		if w.r.coord.hit("inside-commit") {
+			return ErrCrashed
+		}
 	}
 	w.committed = c
 	return nil
