@@ -41,11 +41,11 @@ func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
 		},
 		build: func(env *engine.Env, shared any) (engine.Node, error) {
 			parts := shared.([]string)
-			resume, err := restoredParts[S](env, parts)
+			resume, dropped, err := restoredParts[S](env, parts, isConsumers(src))
 			if err != nil {
 				return nil, err
 			}
-			n := &partSourceNode[T, S]{env: env, codec: DefaultCodec[S]()}
+			n := &partSourceNode[T, S]{env: env, codec: DefaultCodec[S](), dropped: dropped}
 			for i, key := range parts {
 				if i%env.Workers != env.Worker {
 					continue
@@ -72,15 +72,19 @@ func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
 
 // restoredParts decodes the partition states a resumed run starts from. A partition the store
 // knows but the source no longer lists is an error: its data would be silently skipped.
-func restoredParts[S any](env *engine.Env, parts []string) (map[string]*S, error) {
+//
+// A connector whose partitions are consumers (ConsumerPartitions) may list fewer partitions
+// than the store holds; the state of the others is dropped: a tombstone, written by the worker
+// that owns the key, deletes it at the first epoch end.
+func restoredParts[S any](env *engine.Env, parts []string, consumers bool) (map[string]*S, []string, error) {
 	if env.Recovery {
 		if err := CheckCodec[S](); err != nil {
-			return nil, fmt.Errorf("partition state: %w", err)
+			return nil, nil, fmt.Errorf("partition state: %w", err)
 		}
 	}
 	restored := env.Restored()
 	if len(restored) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	listed := make(map[string]bool, len(parts))
 	for _, p := range parts {
@@ -88,18 +92,39 @@ func restoredParts[S any](env *engine.Env, parts []string) (map[string]*S, error
 	}
 	codec := DefaultCodec[S]()
 	out := make(map[string]*S, len(restored))
+	var dropped []string
 	for _, r := range restored {
 		if !listed[r.Key] {
-			return nil, fmt.Errorf("the recovery store holds the state of partition %q, which the connector no longer lists", r.Key)
+			if !consumers {
+				return nil, nil, fmt.Errorf("the recovery store holds the state of partition %q, which the connector no longer lists", r.Key)
+			}
+			if WorkerForKey(r.Key, env.Workers) == env.Worker {
+				dropped = append(dropped, r.Key)
+			}
+			continue
 		}
 		s, err := codec.Decode(r.Key, r.State)
 		if err != nil {
-			return nil, fmt.Errorf("partition %q: restoring state: %w", r.Key, err)
+			return nil, nil, fmt.Errorf("partition %q: restoring state: %w", r.Key, err)
 		}
 		out[r.Key] = &s
 	}
-	return out, nil
+	if len(dropped) > 0 {
+		env.Logger.Info("dropping the state of partitions the connector no longer lists", "step", env.StepID, "partitions", dropped)
+	}
+	return out, dropped, nil
 }
+
+// ConsumerPartitions is implemented by a PartitionedSource or PartitionedSink whose partitions
+// are consumers rather than data (one per worker, reading a shared queue), so that their state
+// is only a counter: when the flow resumes with fewer workers and Parts lists fewer partitions
+// than the recovery store holds, the state of the others is dropped instead of refusing to
+// start.
+type ConsumerPartitions interface {
+	ConsumerPartitions()
+}
+
+func isConsumers(v any) bool { _, ok := v.(ConsumerPartitions); return ok }
 
 func listParts(ctx context.Context, parts func(context.Context) ([]string, error)) ([]string, error) {
 	keys, err := parts(ctx)
@@ -167,9 +192,10 @@ func (p *sourcePart[T, S]) innerOf() any {
 }
 
 type partSourceNode[T, S any] struct {
-	env   *engine.Env
-	codec Codec[S]
-	parts []*sourcePart[T, S]
+	env     *engine.Env
+	codec   Codec[S]
+	parts   []*sourcePart[T, S]
+	dropped []string // partitions whose stored state is deleted at the first epoch end
 }
 
 const maxBackoff = 50 * time.Millisecond
@@ -248,6 +274,7 @@ func (n *partSourceNode[T, S]) OnBatch(int, uint64, any) error {
 func (n *partSourceNode[T, S]) OnEOF(uint64) error { return nil }
 
 func (n *partSourceNode[T, S]) OnClose(epoch uint64) error {
+	dropParts(n.env, epoch, &n.dropped)
 	for _, p := range n.parts {
 		s := p.src.Snapshot()
 		p.snaps = append(p.snaps, snap[S]{epoch, s})
@@ -256,6 +283,14 @@ func (n *partSourceNode[T, S]) OnClose(epoch uint64) error {
 		}
 	}
 	return nil
+}
+
+// dropParts writes tombstones for the stored state of partitions that are no longer listed.
+func dropParts(env *engine.Env, epoch uint64, dropped *[]string) {
+	for _, key := range *dropped {
+		env.Save(epoch, key, nil, true)
+	}
+	*dropped = nil
 }
 
 // savePart stores a partition's snapshot in the recovery store (when there is one).

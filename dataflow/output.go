@@ -57,11 +57,11 @@ func ToPartitioned[T, S any](sink PartitionedSink[T, S]) Sink[T] {
 			if len(parts) == 0 {
 				return nil, errors.New("the sink has no partitions")
 			}
-			resume, err := restoredParts[S](env, parts)
+			resume, dropped, err := restoredParts[S](env, parts, isConsumers(sink))
 			if err != nil {
 				return nil, err
 			}
-			n := &partSinkNode[T, S]{env: env, sink: sink, nparts: len(parts), codec: DefaultCodec[S]()}
+			n := &partSinkNode[T, S]{env: env, sink: sink, nparts: len(parts), codec: DefaultCodec[S](), dropped: dropped}
 			for i, key := range parts {
 				if i%env.Workers != env.Worker {
 					continue
@@ -114,11 +114,12 @@ type sinkPart[T, S any] struct {
 }
 
 type partSinkNode[T, S any] struct {
-	env    *engine.Env
-	codec  Codec[S]
-	sink   PartitionedSink[T, S]
-	nparts int
-	parts  []*sinkPart[T, S]
+	env     *engine.Env
+	dropped []string
+	codec   Codec[S]
+	sink    PartitionedSink[T, S]
+	nparts  int
+	parts   []*sinkPart[T, S]
 }
 
 func (n *partSinkNode[T, S]) OnBatch(_ int, _ uint64, batch any) error {
@@ -162,6 +163,7 @@ func (n *partSinkNode[T, S]) OnEOF(uint64) error { return nil }
 func (n *partSinkNode[T, S]) ConsumesBatches() {}
 
 func (n *partSinkNode[T, S]) OnClose(epoch uint64) error {
+	dropParts(n.env, epoch, &n.dropped)
 	for _, p := range n.parts {
 		s, err := p.sink.Snapshot()
 		if err != nil {

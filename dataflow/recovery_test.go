@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -375,5 +376,79 @@ func TestRefusesAStoreOfAnotherFlow(t *testing.T) {
 	}
 	if after := fileBytes(t, dir); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Error("a refused start changed the store's files")
+	}
+}
+
+// perWorker lists one partition per worker, like a queue consumer; with consumers set it
+// declares them ConsumerPartitions.
+type perWorker struct{}
+
+func (s perWorker) Parts(ctx context.Context) ([]string, error) {
+	var p []string
+	for i := range dataflow.WorkerCount(ctx) {
+		p = append(p, fmt.Sprint("consumer-", i))
+	}
+	return p, nil
+}
+
+func (s perWorker) Build(context.Context, string, *int) (dataflow.StatefulSource[int, int], error) {
+	return endedPart{}, nil
+}
+
+// endedPart is a partition with nothing to read.
+type endedPart struct{}
+
+func (endedPart) Next(context.Context) ([]int, error) { return nil, io.EOF }
+func (endedPart) Snapshot() int                       { return 7 }
+func (endedPart) Commit(context.Context, int) error   { return nil }
+func (endedPart) Close() error                        { return nil }
+
+type consumers struct{ perWorker }
+
+func (consumers) ConsumerPartitions() {}
+
+type endedParts struct{ perWorker }
+
+// A source whose partitions are consumers resumes with fewer workers (the state of the
+// partitions it no longer lists is dropped); one whose partitions are data is refused.
+func TestConsumerPartitionsFollowTheWorkers(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		src     dataflow.PartitionedSource[int, int]
+		refused bool
+	}{{"consumers", consumers{}, false}, {"data", endedParts{perWorker{}}, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			run := func(workers int) error {
+				store := openStore(t, dir)
+				defer store.Close()
+				f := dataflow.New("consumers")
+				in := dataflow.Input(f, "in", dataflow.FromPartitioned(c.src))
+				dataflow.Output("out", in, flowtest.NewSink[int]().Output())
+				return dataflow.Run(context.Background(), f, dataflow.Options{Workers: workers, Recovery: store})
+			}
+			if err := run(3); err != nil {
+				t.Fatal(err)
+			}
+			err := run(1)
+			if c.refused != (err != nil) {
+				t.Fatalf("resume with 1 worker: %v", err)
+			}
+			if c.refused && !strings.Contains(err.Error(), `"consumer-`) {
+				t.Errorf("the refusal %q does not name the partition", err)
+			}
+			if !c.refused {
+				store := openStore(t, dir)
+				defer store.Close()
+				var keys []string
+				store.Load(context.Background(), "consumers.in", func(k string, _ uint64, _ []byte) error {
+					keys = append(keys, k)
+					return nil
+				})
+				if !slices.Equal(keys, []string{"consumer-0"}) {
+					t.Errorf("the store keeps partitions %v, want only consumer-0", keys)
+				}
+			}
+		})
 	}
 }

@@ -70,6 +70,7 @@ func Run(ctx context.Context, f *Flow, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("flow %q: %w", f.name, err)
 	}
+	ctx = context.WithValue(ctx, loggerKey{}, cfg.Logger)
 	if opts.Recovery != nil {
 		if err := f.resume(ctx, opts.Recovery, &cfg); err != nil {
 			return fmt.Errorf("flow %q: %w", f.name, err)

@@ -2,6 +2,7 @@ package dataflow
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/engine"
@@ -20,6 +21,18 @@ func WorkerCount(ctx context.Context) int {
 
 func withWorkerCount(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, workersKey{}, n)
+}
+
+type loggerKey struct{}
+
+// Logger returns the run's logger from the context the engine passes to a connector (Parts,
+// Build, Next, Write, Commit), or slog.Default() from any other context. Connectors log
+// through it, so that the program's -log-level applies to them.
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
 }
 
 // PartitionedSource is a source made of named partitions, each with its own resume state S: a

@@ -1,0 +1,5 @@
+package sqs_test
+
+import "github.com/epochflow/epochflow/internal/sqstest"
+
+type sqstestQueue = sqstest.QueueOptions

@@ -1,0 +1,990 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/epochflow/epochflow/dataflow"
+)
+
+// Defaults of the source options.
+const (
+	DefaultMaxInFlight = 10_000
+	DefaultWaitTime    = 20 * time.Second
+	// fallbackVisibility is used when the queue's own visibility timeout is 0.
+	fallbackVisibility = 30 * time.Second
+	// maxFailures is how many times in a row a call (receive, delete, dead-letter send) may
+	// fail before the partition reports the error and stops.
+	maxFailures = 8
+	// closeTimeout bounds the deletes and releases Close still does.
+	closeTimeout = 20 * time.Second
+	// deleteCallsPerRound bounds the delete calls between two looks at the visibility deadlines.
+	deleteCallsPerRound = 20
+	// ErrorAttribute is the message attribute that carries the decode error of a message sent
+	// to the dead-letter queue.
+	ErrorAttribute = "epochflow.error"
+)
+
+// SourceOption configures a Source.
+type SourceOption func(*sourceConfig)
+
+type sourceConfig struct {
+	dlq         string
+	idleExit    time.Duration
+	maxInFlight int
+	visibility  time.Duration
+	waitTime    time.Duration
+	consumers   int
+	logger      *slog.Logger
+	err         error
+}
+
+// DeadLetter sends the messages the decode function rejects to the queue at url (with their
+// attributes, plus ErrorAttribute holding the error), and deletes them from the source queue
+// once that send is confirmed and their epoch is committed. Without it a rejected message stops
+// the flow. On a FIFO dead-letter queue the message keeps its group (or gets the group
+// "epochflow-dead-letter") and its message id as deduplication id.
+func DeadLetter(url string) SourceOption {
+	return func(c *sourceConfig) {
+		if url == "" {
+			c.err = errors.New("DeadLetter: empty queue URL")
+		}
+		c.dlq = url
+	}
+}
+
+// IdleExit ends the stream (io.EOF) once receives have returned nothing for d: the queue has
+// been empty (or all of its messages invisible) that long. 0, the default, never ends it.
+func IdleExit(d time.Duration) SourceOption {
+	return func(c *sourceConfig) {
+		if d < 0 {
+			c.err = fmt.Errorf("IdleExit: negative duration %v", d)
+		}
+		c.idleExit = d
+	}
+}
+
+// MaxInFlight caps the messages received and not yet deleted, per partition: receiving pauses at
+// the cap and resumes when commits delete messages. Default DefaultMaxInFlight. SQS allows about
+// 120,000 in flight per standard queue and 20,000 per FIFO queue, over all consumers.
+func MaxInFlight(n int) SourceOption {
+	return func(c *sourceConfig) {
+		if n < 1 {
+			c.err = fmt.Errorf("MaxInFlight: want at least 1, got %d", n)
+		}
+		c.maxInFlight = n
+	}
+}
+
+// Visibility is the visibility timeout the source asks for on every receive and extension
+// (whole seconds, 1 s to 12 h). By default it is the queue's own VisibilityTimeout attribute.
+// Messages stay invisible beyond it while their epoch is not committed: the source extends it
+// when half of it is left.
+func Visibility(d time.Duration) SourceOption {
+	return func(c *sourceConfig) {
+		if d < time.Second || d > MaxVisibility || d%time.Second != 0 {
+			c.err = fmt.Errorf("Visibility: want whole seconds from 1s to 12h, got %v", d)
+		}
+		c.visibility = d
+	}
+}
+
+// WaitTime is the long-poll wait of every receive (whole seconds, 1 to 20 s; default 20 s).
+func WaitTime(d time.Duration) SourceOption {
+	return func(c *sourceConfig) {
+		if d < time.Second || d > 20*time.Second || d%time.Second != 0 {
+			c.err = fmt.Errorf("WaitTime: want whole seconds from 1s to 20s, got %v", d)
+		}
+		c.waitTime = d
+	}
+}
+
+// Consumers sets the number of partitions (consumers of the queue). By default there is one per
+// worker of the run. The partition keys are the queue URL plus "#i", and a run that resumes from
+// a recovery store must list every partition the store knows: fix Consumers when the number of
+// workers may shrink between runs.
+func Consumers(n int) SourceOption {
+	return func(c *sourceConfig) {
+		if n < 1 {
+			c.err = fmt.Errorf("Consumers: want at least 1, got %d", n)
+		}
+		c.consumers = n
+	}
+}
+
+// Logger sets the logger of the source's warnings (stale receipt handles, retries); default
+// the run's logger (dataflow.Logger).
+func Logger(l *slog.Logger) SourceOption {
+	return func(c *sourceConfig) { c.logger = l }
+}
+
+// Stats are counters of a Source over all its partitions since it was made.
+type Stats struct {
+	Received       int64 // messages received
+	Emitted        int64 // messages handed to the flow
+	Rejected       int64 // messages the decode function rejected
+	DeadLettered   int64 // rejected messages sent to the dead-letter queue
+	Deleted        int64 // messages deleted after their epoch committed
+	StaleDeletes   int64 // deletes SQS refused for the receipt handle (expired or redelivered): the message comes again
+	DeleteRetries  int64 // failed delete calls or entries that were retried
+	Extended       int64 // visibility extensions that succeeded
+	ExtendRetries  int64 // visibility extensions that failed and were retried
+	VisibilityLost int64 // messages whose visibility could not be extended (stale, or 12 h reached): they come again
+	Released       int64 // uncommitted messages made visible again at Close
+	ReceiveErrors  int64 // failed receive calls
+	// SingleVisibilityCalls is true once the endpoint refused ChangeMessageVisibilityBatch
+	// (goaws does) and extensions went to single ChangeMessageVisibility calls.
+	SingleVisibilityCalls bool
+}
+
+type counters struct {
+	received, emitted, rejected, deadLettered, deleted, staleDeletes, deleteRetries,
+	extended, extendRetries, visibilityLost, released, receiveErrors atomic.Int64
+}
+
+// Source reads an SQS queue (see the package doc for partitions, state, commits and delivery).
+// It is a dataflow.PartitionedSource; Input turns it into a dataflow.Source. One Source may
+// serve one run at a time.
+type Source[T any] struct {
+	client API
+	queue  string
+	decode func(Message) (T, error)
+	cfg    sourceConfig
+	stats  counters
+
+	vis       time.Duration // resolved by Parts
+	dlqFIFO   bool
+	singleVis atomic.Bool // the endpoint does not support ChangeMessageVisibilityBatch
+}
+
+// Receive returns a source of the queue at queueURL that hands every message to the flow as a
+// Message. See NewSource for the options.
+func Receive(client API, queueURL string, opts ...SourceOption) dataflow.Source[Message] {
+	return NewSource(client, queueURL, func(m Message) (Message, error) { return m, nil }, opts...).Input()
+}
+
+// NewSource returns a source of the queue at queueURL whose items are what decode makes of each
+// message. A message decode rejects (an error) goes to the dead-letter queue (DeadLetter) or,
+// without one, stops the flow with an error naming the queue and the message id; it is never
+// dropped silently.
+func NewSource[T any](client API, queueURL string, decode func(Message) (T, error), opts ...SourceOption) *Source[T] {
+	s := &Source[T]{client: client, queue: queueURL, decode: decode,
+		cfg: sourceConfig{maxInFlight: DefaultMaxInFlight, waitTime: DefaultWaitTime}}
+	for _, o := range opts {
+		o(&s.cfg)
+	}
+	return s
+}
+
+// ConsumerPartitions tells the engine that the source's partitions are consumers of one queue
+// (their state is a counter): a flow may resume with fewer of them.
+func (s *Source[T]) ConsumerPartitions() {}
+
+// Input returns the source for operators.Input / dataflow.Input.
+func (s *Source[T]) Input() dataflow.Source[T] {
+	return dataflow.FromPartitioned[T, uint64](s)
+}
+
+// Stats returns the source's counters.
+func (s *Source[T]) Stats() Stats {
+	c := &s.stats
+	return Stats{
+		Received: c.received.Load(), Emitted: c.emitted.Load(), Rejected: c.rejected.Load(),
+		DeadLettered: c.deadLettered.Load(), Deleted: c.deleted.Load(), StaleDeletes: c.staleDeletes.Load(),
+		DeleteRetries: c.deleteRetries.Load(), Extended: c.extended.Load(), ExtendRetries: c.extendRetries.Load(),
+		VisibilityLost: c.visibilityLost.Load(), Released: c.released.Load(), ReceiveErrors: c.receiveErrors.Load(),
+		SingleVisibilityCalls: s.singleVis.Load(),
+	}
+}
+
+func isFIFO(url string) bool { return strings.HasSuffix(url, ".fifo") }
+
+// Parts checks the configuration and the queue (and the dead-letter queue), learns the queue's
+// visibility timeout, and returns one partition per consumer: Consumers, or else the run's
+// number of workers.
+func (s *Source[T]) Parts(ctx context.Context) ([]string, error) {
+	if s.client == nil {
+		return nil, fmt.Errorf("sqs source %s: nil client", s.queue)
+	}
+	if s.queue == "" {
+		return nil, errors.New("sqs source: empty queue URL")
+	}
+	if s.decode == nil {
+		return nil, fmt.Errorf("sqs source %s: nil decode function", s.queue)
+	}
+	if s.cfg.err != nil {
+		return nil, fmt.Errorf("sqs source %s: %w", s.queue, s.cfg.err)
+	}
+	attrs, err := s.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(s.queue),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameVisibilityTimeout}})
+	if err != nil {
+		return nil, fmt.Errorf("sqs source: queue %s: %w", s.queue, err)
+	}
+	s.vis = s.cfg.visibility
+	if s.vis == 0 {
+		secs, _ := strconv.Atoi(attrs.Attributes[string(types.QueueAttributeNameVisibilityTimeout)])
+		s.vis = time.Duration(secs) * time.Second
+		if s.vis == 0 {
+			s.vis = fallbackVisibility
+		}
+	}
+	if s.cfg.dlq != "" {
+		if _, err := s.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{QueueUrl: aws.String(s.cfg.dlq),
+			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameVisibilityTimeout}}); err != nil {
+			return nil, fmt.Errorf("sqs source %s: dead-letter queue %s: %w", s.queue, s.cfg.dlq, err)
+		}
+		s.dlqFIFO = isFIFO(s.cfg.dlq)
+	}
+	n := s.cfg.consumers
+	if n == 0 {
+		n = max(dataflow.WorkerCount(ctx), 1)
+	}
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf("%s#%d", s.queue, i)
+	}
+	return parts, nil
+}
+
+// Build opens a partition: it starts its receiving goroutine and its manager goroutine (deletes,
+// visibility extensions, dead-letter sends). resume is the snapshot sequence number to count on
+// from; the messages of the epochs a crashed run never committed come back from SQS by
+// themselves, once their visibility timeout runs out.
+func (s *Source[T]) Build(ctx context.Context, part string, resume *uint64) (dataflow.StatefulSource[T, uint64], error) {
+	if s.vis == 0 {
+		return nil, fmt.Errorf("sqs source %s: Build before Parts", s.queue)
+	}
+	var seq uint64
+	if resume != nil {
+		seq = *resume
+	}
+	p := &partition[T]{src: s, key: part, led: newLedger(seq),
+		wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
+		log: loggerOr(s.cfg.logger, ctx).With("queue", s.queue, "partition", part)}
+	p.bg, p.cancel = context.WithCancel(ctx)
+	p.recv, p.stopRecv = context.WithCancel(p.bg)
+	p.stop = make(chan struct{})
+	p.wg.Add(2)
+	go p.receive()
+	go p.manage()
+	return p, nil
+}
+
+// received is a message received and not yet handed to the flow.
+type received struct {
+	id  uint64
+	msg types.Message
+}
+
+// dlqItem is a rejected message waiting for its dead-letter send.
+type dlqItem struct {
+	id        uint64
+	msg       Message
+	cause     error
+	fails     int
+	notBefore time.Time
+}
+
+// partition is one consumer of the queue.
+type partition[T any] struct {
+	src *Source[T]
+	key string
+	log *slog.Logger
+
+	bg       context.Context // the manager's calls: ends at Close, or when the run ends without Close (a crash)
+	cancel   context.CancelFunc
+	recv     context.Context // the receiver's calls: ends first at Close
+	stopRecv context.CancelFunc
+	stop     chan struct{} // closed by Close: the manager finishes its round and returns
+	wg       sync.WaitGroup
+
+	wake chan struct{} // Waiter: messages arrived, the stream ended, or an error
+	kick chan struct{} // wakes the manager
+	room chan struct{} // wakes the receiver paused at MaxInFlight
+
+	mu       sync.Mutex
+	led      *ledger
+	ready    []received
+	deletes  []*entry
+	dlq      []dlqItem
+	armed    bool // the manager has a visibility deadline to watch
+	idle     bool // the receiver stopped: IdleExit reached
+	err      error
+	told     bool
+	eof      bool
+	closed   bool
+	delFails int
+	delRetry time.Time
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// fail records the partition's first fatal error; the next Next or Commit returns it.
+func (p *partition[T]) fail(err error) {
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.mu.Unlock()
+	signal(p.wake)
+}
+
+func (p *partition[T]) errorf(format string, args ...any) error {
+	return fmt.Errorf("sqs source %s: "+format, append([]any{p.src.queue}, args...)...)
+}
+
+// Wait returns the channel that is ready when Next has something to say.
+func (p *partition[T]) Wait() <-chan struct{} { return p.wake }
+
+// Next returns the messages received so far (decoded), io.EOF once IdleExit is reached and
+// everything is handed out, or the error that stopped the partition.
+func (p *partition[T]) Next(context.Context) ([]T, error) {
+	p.mu.Lock()
+	if p.err != nil {
+		p.told = true
+		err := p.err
+		p.mu.Unlock()
+		return nil, err
+	}
+	batch := p.ready
+	p.ready = nil
+	idle := p.idle
+	p.mu.Unlock()
+
+	var out []T
+	var rejected []dlqItem
+	var fatal error
+	ok := make([]bool, len(batch))
+	for i, r := range batch {
+		m := newMessage(p.src.queue, r.msg)
+		v, err := p.src.decode(m)
+		if err == nil {
+			out = append(out, v)
+			ok[i] = true
+			continue
+		}
+		p.src.stats.rejected.Add(1)
+		if p.src.cfg.dlq == "" {
+			fatal = p.errorf("message %s rejected by the decode function (no dead-letter queue is configured; the message stays in the queue): %w", m.ID, err)
+			break
+		}
+		p.log.Warn("message rejected by the decode function; sending it to the dead-letter queue",
+			"message_id", m.ID, "dead_letter_queue", p.src.cfg.dlq, "error", err)
+		rejected = append(rejected, dlqItem{id: r.id, msg: m, cause: err})
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if fatal != nil {
+		// Nothing of this batch is emitted: its messages stay buffered and are released at Close.
+		p.err, p.told = fatal, true
+		return nil, fatal
+	}
+	for i, r := range batch {
+		p.led.emit(r.id, !ok[i])
+	}
+	p.src.stats.emitted.Add(int64(len(out)))
+	if len(rejected) > 0 {
+		p.dlq = append(p.dlq, rejected...)
+		signal(p.kick)
+	}
+	if idle && len(p.ready) == 0 {
+		p.eof = true
+		return out, io.EOF
+	}
+	return out, nil
+}
+
+// Snapshot closes the open epoch: its messages are now those of the returned sequence number.
+func (p *partition[T]) Snapshot() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.led.snapshot()
+}
+
+// Commit hands the messages of every epoch up to seq to the manager for deletion and returns
+// at once. It returns the error that stopped the partition, if any.
+func (p *partition[T]) Commit(_ context.Context, seq uint64) error {
+	p.mu.Lock()
+	es, err := p.led.commit(seq)
+	p.deletes = append(p.deletes, es...)
+	if err == nil && p.err != nil {
+		err, p.told = p.err, true
+	} else if err != nil {
+		err = p.errorf("partition %s: %w", p.key, err)
+	}
+	p.mu.Unlock()
+	if len(es) > 0 {
+		signal(p.kick)
+	}
+	return err
+}
+
+// receive long-polls the queue until the partition closes, IdleExit is reached, or receiving
+// fails for good.
+func (p *partition[T]) receive() {
+	defer p.wg.Done()
+	s := p.src
+	lastMsg := time.Now()
+	fails := 0
+	for p.recv.Err() == nil {
+		p.mu.Lock()
+		room := s.cfg.maxInFlight - p.led.inFlight()
+		p.mu.Unlock()
+		if room <= 0 {
+			select {
+			case <-p.room:
+			case <-p.recv.Done():
+				return
+			}
+			lastMsg = time.Now() // a pause at the cap is no idleness of the queue
+			continue
+		}
+		wait := s.cfg.waitTime
+		if s.cfg.idleExit > 0 {
+			left := s.cfg.idleExit - time.Since(lastMsg)
+			if left <= 0 {
+				p.mu.Lock()
+				p.idle = true
+				p.mu.Unlock()
+				signal(p.wake)
+				return
+			}
+			wait = min(wait, max((left+time.Second-1)/time.Second*time.Second, time.Second))
+		}
+		sentAt := time.Now()
+		out, err := s.client.ReceiveMessage(p.recv, &awssqs.ReceiveMessageInput{
+			QueueUrl:                    aws.String(s.queue),
+			MaxNumberOfMessages:         int32(min(10, room)),
+			WaitTimeSeconds:             int32(wait / time.Second),
+			VisibilityTimeout:           int32(s.vis / time.Second),
+			MessageAttributeNames:       []string{"All"},
+			MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			if p.recv.Err() != nil {
+				return
+			}
+			fails++
+			s.stats.receiveErrors.Add(1)
+			if permanent(err) || fails >= maxFailures {
+				p.fail(p.errorf("partition %s: receiving failed %d times in a row: %w", p.key, fails, err))
+				return
+			}
+			p.log.Warn("receive failed; retrying", "error", err, "failures", fails)
+			if !sleep(p.recv, backoff(fails)) {
+				return
+			}
+			continue
+		}
+		fails = 0
+		if len(out.Messages) == 0 {
+			continue
+		}
+		lastMsg = time.Now()
+		s.stats.received.Add(int64(len(out.Messages)))
+		p.mu.Lock()
+		for _, m := range out.Messages {
+			id := p.led.add(aws.ToString(m.ReceiptHandle), aws.ToString(m.MessageId), sentAt, s.vis)
+			p.ready = append(p.ready, received{id: id, msg: m})
+		}
+		kick := !p.armed
+		p.armed = true
+		p.mu.Unlock()
+		signal(p.wake)
+		if kick {
+			signal(p.kick)
+		}
+	}
+}
+
+// backoff is the pause after the nth failure in a row: 100 ms doubling up to 5 s.
+func backoff(n int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < n && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Second)
+}
+
+// sleep waits d or until ctx ends; it reports whether ctx is still alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// apiCode returns the error code of an SQS error ("" if err is not one).
+func apiCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// httpStatus returns the HTTP status of a failed call (0 if there was no response).
+func httpStatus(err error) int {
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
+// permanent says whether retrying err is pointless: a client error (4xx) that is not a
+// throttle or the in-flight limit.
+func permanent(err error) bool {
+	st := httpStatus(err)
+	if st < 400 || st >= 500 || st == 429 {
+		return false
+	}
+	code := apiCode(err)
+	return !strings.Contains(code, "Throttl") && !strings.Contains(code, "OverLimit") && !strings.Contains(code, "RequestThrottled")
+}
+
+// batchUnsupported says whether a failed ChangeMessageVisibilityBatch call means the endpoint
+// does not know the call (goaws answers a plain-text 400 that is no SQS error).
+func batchUnsupported(err error) bool {
+	switch httpStatus(err) {
+	case 400, 404, 405, 501:
+	default:
+		return false
+	}
+	switch apiCode(err) {
+	case "", "UnknownOperationException", "InvalidAction", "UnsupportedOperation", "AWS.SimpleQueueService.UnsupportedOperation":
+		return true
+	}
+	return false
+}
+
+// goneCode says whether an error code means the receipt handle is no longer valid.
+func goneCode(code string) bool {
+	return strings.Contains(code, "MessageNotInFlight") || strings.Contains(code, "ReceiptHandleIsInvalid") ||
+		strings.Contains(code, "InvalidReceiptHandle")
+}
+
+// manage runs the partition's calls other than receiving: visibility extensions first (they are
+// due at a time), then deletes of committed messages, then dead-letter sends.
+func (p *partition[T]) manage() {
+	defer p.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	margin := p.src.vis / 2
+	for {
+		more := p.round(margin)
+		select {
+		case <-p.stop:
+			return
+		case <-p.bg.Done():
+			return
+		default:
+		}
+		if more {
+			continue
+		}
+		p.mu.Lock()
+		at := p.led.nextWake(margin)
+		p.armed = !at.IsZero()
+		if !p.delRetry.IsZero() && len(p.deletes) > 0 && (at.IsZero() || p.delRetry.Before(at)) {
+			at = p.delRetry
+		}
+		for _, d := range p.dlq {
+			if at.IsZero() || d.notBefore.Before(at) {
+				at = d.notBefore
+			}
+		}
+		p.mu.Unlock()
+		if !at.IsZero() {
+			timer.Reset(max(time.Until(at), 0))
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-p.bg.Done():
+			return
+		case <-p.kick:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// round does one round of the manager's work and reports whether work is left that can be done
+// at once.
+func (p *partition[T]) round(margin time.Duration) (more bool) {
+	now := time.Now()
+	p.mu.Lock()
+	reqs, capped := p.led.due(now, margin, p.src.vis)
+	var dels []*entry
+	if now.After(p.delRetry) || p.delRetry.IsZero() {
+		n := min(len(p.deletes), 10*deleteCallsPerRound)
+		dels = append(dels, p.deletes[:n]...)
+		p.deletes = p.deletes[n:]
+		more = len(p.deletes) > 0
+	}
+	var sends []dlqItem
+	keep := p.dlq[:0]
+	for _, d := range p.dlq {
+		if now.Before(d.notBefore) {
+			keep = append(keep, d)
+		} else {
+			sends = append(sends, d)
+		}
+	}
+	p.dlq = keep
+	p.mu.Unlock()
+
+	for _, e := range capped {
+		p.src.stats.visibilityLost.Add(1)
+		p.log.Warn("message reached the 12 h visibility limit of SQS before its epoch committed; it will be delivered again",
+			"message_id", e.msgID)
+	}
+	if len(reqs) > 0 {
+		p.extend(p.bg, reqs)
+	}
+	defer func() {
+		if len(dels) > 0 { // the partition is closing: Close deletes them
+			p.mu.Lock()
+			p.deletes = append(dels, p.deletes...)
+			p.mu.Unlock()
+		}
+	}()
+	for len(dels) > 0 && p.bg.Err() == nil {
+		n := min(10, len(dels))
+		retry, err := p.deleteBatch(p.bg, dels[:n])
+		dels = dels[n:]
+		if p.bg.Err() != nil {
+			dels = append(retry, dels...)
+			return false
+		}
+		if len(retry) > 0 {
+			p.mu.Lock()
+			p.deletes = append(append(retry, dels...), p.deletes...)
+			dels = nil
+			if err != nil {
+				p.delFails++
+				p.delRetry = time.Now().Add(backoff(p.delFails))
+				if p.delFails >= maxFailures {
+					if p.err == nil {
+						p.err = p.errorf("partition %s: deleting messages of committed epochs failed %d times in a row (they will be delivered again): %w", p.key, p.delFails, err)
+					}
+					signal(p.wake)
+				}
+			}
+			p.mu.Unlock()
+			return false
+		}
+		p.mu.Lock()
+		p.delFails, p.delRetry = 0, time.Time{}
+		p.mu.Unlock()
+	}
+	for _, d := range sends {
+		p.sendDead(d)
+	}
+	return more
+}
+
+// deleteBatch deletes up to 10 messages with DeleteMessageBatch. It returns the entries to try
+// again, with the call's error if the whole call failed.
+func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, error) {
+	in := &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(p.src.queue)}
+	for i, e := range es {
+		in.Entries = append(in.Entries, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)})
+	}
+	out, err := p.src.client.DeleteMessageBatch(ctx, in)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.src.stats.deleteRetries.Add(1)
+			p.log.Warn("DeleteMessageBatch failed; retrying", "error", err)
+		}
+		return es, err
+	}
+	done := make([]bool, len(es))
+	var retry []*entry
+	for _, f := range out.Failed {
+		i, err := strconv.Atoi(aws.ToString(f.Id))
+		if err != nil || i < 0 || i >= len(es) || done[i] {
+			continue
+		}
+		done[i] = true
+		e := es[i]
+		if f.SenderFault {
+			p.src.stats.staleDeletes.Add(1)
+			p.log.Warn("delete refused: the receipt handle is stale (the visibility ran out, so the message will be delivered again: at-least-once)",
+				"message_id", e.msgID, "code", aws.ToString(f.Code), "reason", aws.ToString(f.Message))
+			p.forget(e)
+			continue
+		}
+		p.src.stats.deleteRetries.Add(1)
+		retry = append(retry, e)
+	}
+	for i, e := range es {
+		if !done[i] {
+			p.src.stats.deleted.Add(1)
+			p.forget(e)
+		}
+	}
+	return retry, nil
+}
+
+// forget drops a deleted (or given up) message from the ledger and wakes a paused receiver.
+func (p *partition[T]) forget(e *entry) {
+	p.mu.Lock()
+	p.led.done(e.id)
+	p.mu.Unlock()
+	signal(p.room)
+}
+
+// extend sends the extension requests: ChangeMessageVisibilityBatch, or single
+// ChangeMessageVisibility calls once the endpoint turned out not to support the batch call.
+func (p *partition[T]) extend(ctx context.Context, reqs []extension) {
+	for len(reqs) > 0 && ctx.Err() == nil {
+		n := min(10, len(reqs))
+		batch := reqs[:n]
+		reqs = reqs[n:]
+		if !p.src.singleVis.Load() {
+			if p.extendBatch(ctx, batch) {
+				continue
+			}
+		}
+		for _, x := range batch {
+			sentAt := time.Now()
+			_, err := p.src.client.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+				QueueUrl: aws.String(p.src.queue), ReceiptHandle: aws.String(x.handle), VisibilityTimeout: int32(x.timeout / time.Second)})
+			p.extended(x, sentAt, err == nil, err != nil && goneCode(apiCode(err)), err)
+		}
+	}
+}
+
+// extendBatch sends one ChangeMessageVisibilityBatch call. It returns false when the endpoint
+// does not support the call (and remembers that for the whole source).
+func (p *partition[T]) extendBatch(ctx context.Context, batch []extension) bool {
+	in := &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(p.src.queue)}
+	for i, x := range batch {
+		in.Entries = append(in.Entries, types.ChangeMessageVisibilityBatchRequestEntry{
+			Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(x.handle), VisibilityTimeout: int32(x.timeout / time.Second)})
+	}
+	sentAt := time.Now()
+	out, err := p.src.client.ChangeMessageVisibilityBatch(ctx, in)
+	if err != nil {
+		if batchUnsupported(err) {
+			if !p.src.singleVis.Swap(true) {
+				p.log.Info("the endpoint does not support ChangeMessageVisibilityBatch; extending visibility with single calls", "error", err)
+			}
+			return false
+		}
+		for _, x := range batch {
+			p.extended(x, sentAt, false, false, err)
+		}
+		return true
+	}
+	failed := make(map[int]types.BatchResultErrorEntry, len(out.Failed))
+	for _, f := range out.Failed {
+		if i, err := strconv.Atoi(aws.ToString(f.Id)); err == nil {
+			failed[i] = f
+		}
+	}
+	for i, x := range batch {
+		f, bad := failed[i]
+		if !bad {
+			p.extended(x, sentAt, true, false, nil)
+			continue
+		}
+		err := fmt.Errorf("%s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
+		p.extended(x, sentAt, false, f.SenderFault || goneCode(aws.ToString(f.Code)), err)
+	}
+	return true
+}
+
+// extended records an extension's outcome in the ledger, counts it and logs a lost message.
+func (p *partition[T]) extended(x extension, sentAt time.Time, ok, gone bool, err error) {
+	p.mu.Lock()
+	p.led.extended(x, sentAt, ok, gone)
+	msgID := ""
+	if e := p.led.entries[x.id]; e != nil {
+		msgID = e.msgID
+	}
+	p.mu.Unlock()
+	switch {
+	case ok:
+		p.src.stats.extended.Add(1)
+	case gone:
+		p.src.stats.visibilityLost.Add(1)
+		p.log.Warn("could not extend the visibility of a message: its receipt handle is no longer valid, so it will be delivered again (at-least-once)",
+			"message_id", msgID, "error", err)
+	default:
+		p.src.stats.extendRetries.Add(1)
+		p.log.Warn("extending visibility failed; retrying", "message_id", msgID, "error", err)
+	}
+}
+
+// sendDead sends a rejected message to the dead-letter queue; once confirmed, the message is
+// deleted from the source queue as soon as its epoch is committed.
+func (p *partition[T]) sendDead(d dlqItem) {
+	s := p.src
+	attrs := make(map[string]types.MessageAttributeValue, len(d.msg.Attributes)+1)
+	for k, v := range d.msg.Attributes {
+		attrs[k] = v
+	}
+	cause := fmt.Sprintf("message %s of queue %s rejected: %v", d.msg.ID, s.queue, d.cause)
+	attrs[ErrorAttribute] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(cause)}
+	if len(attrs) > 10 {
+		p.fail(p.errorf("message %s was rejected (%v) but cannot go to the dead-letter queue %s: it has %d attributes, which leaves no room for %s (SQS allows 10)",
+			d.msg.ID, d.cause, s.cfg.dlq, len(d.msg.Attributes), ErrorAttribute))
+		return
+	}
+	in := &awssqs.SendMessageInput{QueueUrl: aws.String(s.cfg.dlq), MessageBody: aws.String(d.msg.Body), MessageAttributes: attrs}
+	if s.dlqFIFO {
+		g := d.msg.GroupID
+		if g == "" {
+			g = "epochflow-dead-letter"
+		}
+		in.MessageGroupId = aws.String(g)
+		in.MessageDeduplicationId = aws.String(d.msg.ID)
+	}
+	_, err := s.client.SendMessage(p.bg, in)
+	if err != nil {
+		if p.bg.Err() != nil {
+			return
+		}
+		d.fails++
+		if permanent(err) || d.fails >= maxFailures {
+			p.fail(p.errorf("sending rejected message %s to the dead-letter queue %s failed %d times (the message stays in the queue): %w", d.msg.ID, s.cfg.dlq, d.fails, err))
+			return
+		}
+		p.log.Warn("sending a rejected message to the dead-letter queue failed; retrying", "message_id", d.msg.ID, "error", err)
+		d.notBefore = time.Now().Add(backoff(d.fails))
+		p.mu.Lock()
+		p.dlq = append(p.dlq, d)
+		p.mu.Unlock()
+		return
+	}
+	s.stats.deadLettered.Add(1)
+	p.mu.Lock()
+	if e := p.led.dlqSent(d.id); e != nil {
+		p.deletes = append(p.deletes, e)
+	}
+	p.mu.Unlock()
+}
+
+// Close stops the goroutines, deletes the messages of committed epochs still waiting (for up to
+// 20 s), and makes the uncommitted ones visible again at once (no further Commit can come).
+// It returns the error that stopped the partition if the engine has not seen it yet, and an
+// error if committed messages could not be deleted (they will be delivered again).
+func (p *partition[T]) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.stopRecv()
+	close(p.stop)
+	p.wg.Wait()
+	defer p.cancel()
+
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	p.mu.Lock()
+	dels := p.deletes
+	p.deletes = nil
+	rel := p.led.release()
+	p.ready = nil
+	var errs []error
+	if p.err != nil && !p.told {
+		errs = append(errs, p.err)
+	}
+	p.mu.Unlock()
+
+	fails := 0
+	var lastErr error
+	for len(dels) > 0 && ctx.Err() == nil {
+		n := min(10, len(dels))
+		retry, err := p.deleteBatch(ctx, dels[:n])
+		dels = append(retry, dels[n:]...)
+		if err != nil {
+			lastErr = err
+			fails++
+			if fails >= maxFailures || !sleep(ctx, backoff(fails)) {
+				break
+			}
+		}
+	}
+	if len(dels) > 0 {
+		errs = append(errs, p.errorf("partition %s: %d messages of committed epochs could not be deleted before Close (they will be delivered again): %v", p.key, len(dels), lastErr))
+	}
+	if len(rel) > 0 {
+		reqs := make([]extension, len(rel))
+		for i, e := range rel {
+			reqs[i] = extension{id: e.id, handle: e.handle}
+		}
+		p.release(ctx, reqs)
+	}
+	return errors.Join(errs...)
+}
+
+// release makes messages visible again (visibility timeout 0), best effort: those it misses
+// come back when their timeout runs out.
+func (p *partition[T]) release(ctx context.Context, reqs []extension) {
+	for len(reqs) > 0 && ctx.Err() == nil {
+		n := min(10, len(reqs))
+		batch := reqs[:n]
+		reqs = reqs[n:]
+		if !p.src.singleVis.Load() {
+			in := &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(p.src.queue)}
+			for i, x := range batch {
+				in.Entries = append(in.Entries, types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(x.handle)})
+			}
+			out, err := p.src.client.ChangeMessageVisibilityBatch(ctx, in)
+			if err == nil {
+				p.src.stats.released.Add(int64(len(batch) - len(out.Failed)))
+				continue
+			}
+			if !batchUnsupported(err) {
+				continue
+			}
+			p.src.singleVis.Store(true)
+		}
+		for _, x := range batch {
+			if _, err := p.src.client.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+				QueueUrl: aws.String(p.src.queue), ReceiptHandle: aws.String(x.handle)}); err == nil {
+				p.src.stats.released.Add(1)
+			}
+		}
+	}
+}
+
+// loggerOr returns l, or the run's logger when l is nil.
+func loggerOr(l *slog.Logger, ctx context.Context) *slog.Logger {
+	if l != nil {
+		return l
+	}
+	return dataflow.Logger(ctx)
+}
