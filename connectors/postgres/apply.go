@@ -1,0 +1,558 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// execer is what the writes run on (a connection inside BEGIN ... PREPARE TRANSACTION).
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// table is what the sink knows of a target table.
+type table struct {
+	name   string // as the rows name it
+	ident  string // "schema"."table"
+	cols   []column
+	byName map[string]int
+	key    []int // indexes of the key columns in cols, in key order
+	sql    map[string]string
+}
+
+type column struct {
+	name  string
+	ident string
+	oid   uint32
+	typ   string // format_type, for casts
+}
+
+// catalog looks tables up on one connection and caches them.
+type catalog struct {
+	conn   *pgx.Conn
+	keys   map[string][]string
+	tables map[string]*table
+}
+
+func newCatalog(conn *pgx.Conn, keys map[string][]string) *catalog {
+	return &catalog{conn: conn, keys: keys, tables: map[string]*table{}}
+}
+
+func quote(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+func (c *catalog) table(ctx context.Context, name string) (*table, error) {
+	if t := c.tables[name]; t != nil {
+		return t, nil
+	}
+	var oid uint32
+	var schema, rel string
+	err := c.conn.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = to_regclass($1)`, name).Scan(&oid, &schema, &rel)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("table %q does not exist in the target database", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up table %q: %w", name, err)
+	}
+	t := &table{name: name, ident: quote(schema) + "." + quote(rel), byName: map[string]int{}, sql: map[string]string{}}
+	rows, err := c.conn.Query(ctx, `SELECT attname, atttypid, format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`, oid)
+	if err != nil {
+		return nil, fmt.Errorf("looking up the columns of table %s: %w", t.ident, err)
+	}
+	for rows.Next() {
+		var col column
+		if err := rows.Scan(&col.name, &col.oid, &col.typ); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		col.ident = quote(col.name)
+		t.byName[col.name] = len(t.cols)
+		t.cols = append(t.cols, col)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("looking up the columns of table %s: %w", t.ident, err)
+	}
+	// The key: the configured columns (which a unique index must cover, for ON CONFLICT), else
+	// the primary key.
+	var keyNames []string
+	if k, ok := c.keys[name]; ok {
+		keyNames = k
+		var unique bool
+		err := c.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL
+			AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey))
+			    = (SELECT array_agg(x ORDER BY x) FROM unnest($2::text[]) x))`, oid, k).Scan(&unique)
+		if err != nil {
+			return nil, fmt.Errorf("checking the key of table %s: %w", t.ident, err)
+		}
+		if !unique {
+			return nil, fmt.Errorf("table %s has no unique index on exactly the key columns %v that Config.Keys gives", t.ident, k)
+		}
+	} else {
+		rows, err := c.conn.Query(ctx, `SELECT a.attname FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, pos)
+			JOIN pg_attribute a ON a.attnum = k.attnum WHERE i.indrelid = $1 AND i.indisprimary AND a.attrelid = $1 ORDER BY k.pos`, oid)
+		if err != nil {
+			return nil, fmt.Errorf("looking up the primary key of table %s: %w", t.ident, err)
+		}
+		keyNames, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("looking up the primary key of table %s: %w", t.ident, err)
+		}
+		if len(keyNames) == 0 {
+			return nil, fmt.Errorf("table %s has no primary key: the sink needs a key (add a primary key, or name the columns of a unique index in Config.Keys[%q])", t.ident, name)
+		}
+	}
+	for _, k := range keyNames {
+		i, ok := t.byName[k]
+		if !ok {
+			return nil, fmt.Errorf("table %s has no key column %q", t.ident, k)
+		}
+		t.key = append(t.key, i)
+	}
+	c.tables[name] = t
+	return t, nil
+}
+
+// enc is a row with its values in PostgreSQL's text format, ready for the statements.
+type enc struct {
+	t    *table
+	op   Op
+	cols []int // indexes into t.cols
+	vals []pgtype.Text
+	key  string // the key values, joined: what the batch collapses on
+	// oldKey, for an Update that changes the key: the old key values, in key order.
+	oldKey []pgtype.Text
+}
+
+// describe returns "op table key=..." for error messages.
+func (e *enc) describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", e.op, e.t.ident)
+	for _, k := range e.t.key {
+		if v, ok := e.value(k); ok {
+			fmt.Fprintf(&b, " %s=%s", e.t.cols[k].name, v.String)
+		}
+	}
+	return b.String()
+}
+
+func (e *enc) value(col int) (pgtype.Text, bool) {
+	for i, c := range e.cols {
+		if c == col {
+			return e.vals[i], true
+		}
+	}
+	return pgtype.Text{}, false
+}
+
+// keyOf returns the key values (in key order) from cols/vals, and the collapse key.
+func keyOf(t *table, cols []int, vals []pgtype.Text, what string) ([]pgtype.Text, string, error) {
+	out := make([]pgtype.Text, len(t.key))
+	var b strings.Builder
+	for i, k := range t.key {
+		found := false
+		for j, c := range cols {
+			if c == k {
+				out[i] = vals[j]
+				found = true
+				break
+			}
+		}
+		if !found {
+			return nil, "", fmt.Errorf("the %s lacks key column %q of table %s", what, t.cols[k].name, t.ident)
+		}
+		if !out[i].Valid {
+			return nil, "", fmt.Errorf("the %s has NULL in key column %q of table %s", what, t.cols[k].name, t.ident)
+		}
+		b.WriteString(strconv.Itoa(len(out[i].String)))
+		b.WriteByte(':')
+		b.WriteString(out[i].String)
+	}
+	return out, b.String(), nil
+}
+
+// makeEnc builds an enc from text values (Write encodes Row values first; the log holds text).
+func makeEnc(t *table, op Op, names []string, vals []pgtype.Text, keyNames []string, keyVals []pgtype.Text, describe func() string) (enc, error) {
+	e := enc{t: t, op: op, vals: vals}
+	if op == Truncate {
+		return e, nil
+	}
+	if op < Insert || op > Truncate {
+		return e, fmt.Errorf("row %s: unknown operation %d", describe(), op)
+	}
+	if len(names) != len(vals) {
+		return e, fmt.Errorf("row %s: %d columns but %d values", describe(), len(names), len(vals))
+	}
+	e.cols = make([]int, len(names))
+	for i, n := range names {
+		c, ok := t.byName[n]
+		if !ok {
+			return e, fmt.Errorf("row %s: table %s has no column %q", describe(), t.ident, n)
+		}
+		e.cols[i] = c
+	}
+	var err error
+	if keyNames != nil && (op == Update || op == Delete) {
+		kc := make([]int, len(keyNames))
+		for i, n := range keyNames {
+			c, ok := t.byName[n]
+			if !ok {
+				return e, fmt.Errorf("row %s: table %s has no column %q (in KeyColumns)", describe(), t.ident, n)
+			}
+			kc[i] = c
+		}
+		old, oldKey, err := keyOf(t, kc, keyVals, "row's Key")
+		if err != nil {
+			return e, fmt.Errorf("row %s: %w", describe(), err)
+		}
+		if op == Delete {
+			e.key = oldKey
+			e.cols, e.vals = t.key, old
+			return e, nil
+		}
+		_, newKey, err := keyOf(t, e.cols, e.vals, "row")
+		if err != nil || newKey != oldKey {
+			e.oldKey = old // the key changes (or the new values do not repeat it)
+			return e, nil
+		}
+	}
+	_, e.key, err = keyOf(t, e.cols, e.vals, "row")
+	if err != nil {
+		return e, fmt.Errorf("row %s: %w", describe(), err)
+	}
+	return e, nil
+}
+
+// applier applies rows in order inside one transaction, collapsing the operations on each key
+// into one and running one statement per table, operation and set of columns.
+type applier struct {
+	ctx    context.Context
+	q      execer
+	order  []*table
+	byT    map[*table]map[string]*enc
+	tOrder map[*table][]string
+}
+
+func newApplier(ctx context.Context, q execer) *applier {
+	return &applier{ctx: ctx, q: q, byT: map[*table]map[string]*enc{}, tOrder: map[*table][]string{}}
+}
+
+func merge(a, b *enc) *enc {
+	out := &enc{t: a.t, op: a.op, key: a.key}
+	out.cols = append([]int(nil), a.cols...)
+	out.vals = append([]pgtype.Text(nil), a.vals...)
+	for i, c := range b.cols {
+		found := false
+		for j, oc := range out.cols {
+			if oc == c {
+				out.vals[j] = b.vals[i]
+				found = true
+				break
+			}
+		}
+		if !found {
+			out.cols = append(out.cols, c)
+			out.vals = append(out.vals, b.vals[i])
+		}
+	}
+	return out
+}
+
+func (a *applier) add(e *enc) error {
+	if e.op == Truncate {
+		if err := a.flush(); err != nil {
+			return err
+		}
+		if _, err := a.q.Exec(a.ctx, "TRUNCATE "+e.t.ident); err != nil {
+			return fmt.Errorf("truncate %s: %w", e.t.ident, err)
+		}
+		return nil
+	}
+	if e.oldKey != nil {
+		if err := a.flush(); err != nil {
+			return err
+		}
+		return a.updateByOldKey(e)
+	}
+	m := a.byT[e.t]
+	if m == nil {
+		m = map[string]*enc{}
+		a.byT[e.t] = m
+		a.order = append(a.order, e.t)
+	}
+	prev := m[e.key]
+	if prev == nil {
+		m[e.key] = e
+		a.tOrder[e.t] = append(a.tOrder[e.t], e.key)
+		return nil
+	}
+	full := len(e.cols) == len(e.t.cols)
+	var next *enc
+	switch e.op {
+	case Delete:
+		next = e
+	case Insert:
+		switch prev.op {
+		case Delete:
+			if full {
+				next = &enc{t: e.t, op: Upsert, cols: e.cols, vals: e.vals, key: e.key}
+			}
+		case Insert, Upsert:
+			return fmt.Errorf("row %s: inserts a key that an earlier row of the same epoch wrote (duplicate key)", e.describe())
+		}
+	case Upsert:
+		switch prev.op {
+		case Insert, Upsert:
+			next = merge(prev, e)
+		case Delete:
+			if full {
+				next = e
+			}
+		}
+	case Update:
+		switch prev.op {
+		case Insert, Upsert, Update:
+			next = merge(prev, e)
+		case Delete:
+			next = prev // updating a deleted row changes nothing
+		}
+	}
+	if next == nil { // no single operation has the effect of both: write what came before
+		if err := a.flush(); err != nil {
+			return err
+		}
+		return a.add(e)
+	}
+	m[e.key] = next
+	return nil
+}
+
+// flush runs the collapsed operations: per table, the deletes, then inserts, upserts and
+// updates grouped by their columns. Each key has one operation, so their order does not
+// matter.
+func (a *applier) flush() error {
+	for _, t := range a.order {
+		m := a.byT[t]
+		groups := map[string][]*enc{}
+		var gorder []string
+		for _, k := range a.tOrder[t] {
+			e := m[k]
+			sig := e.op.String()
+			if e.op != Delete {
+				for _, c := range e.cols {
+					sig += "," + strconv.Itoa(c)
+				}
+			}
+			if groups[sig] == nil {
+				gorder = append(gorder, sig)
+			}
+			groups[sig] = append(groups[sig], e)
+		}
+		// Deletes first: a key deleted and another inserted never collide on a unique index.
+		for pass := 0; pass < 2; pass++ {
+			for _, sig := range gorder {
+				g := groups[sig]
+				if (g[0].op == Delete) != (pass == 0) {
+					continue
+				}
+				if err := a.run(t, sig, g); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	a.order = a.order[:0]
+	clear(a.byT)
+	clear(a.tOrder)
+	return nil
+}
+
+// run executes one statement for a group of rows of the same table, operation and columns,
+// the values passed as one text array per column.
+func (a *applier) run(t *table, sig string, g []*enc) error {
+	e0 := g[0]
+	cols := e0.cols
+	if e0.op == Delete {
+		cols = t.key
+	}
+	q, ok := t.sql[sig]
+	if !ok {
+		q = buildSQL(t, e0.op, cols)
+		t.sql[sig] = q
+	}
+	if q == "" {
+		return nil // an update of key columns only: nothing to set
+	}
+	args := make([]any, len(cols))
+	for i := range cols {
+		arr := make([]pgtype.Text, len(g))
+		for j, e := range g {
+			if e.op == Delete {
+				v, _ := e.value(t.key[i])
+				arr[j] = v
+			} else {
+				arr[j] = e.vals[i]
+			}
+		}
+		args[i] = arr
+	}
+	if _, err := a.q.Exec(a.ctx, q, args...); err != nil {
+		return fmt.Errorf("%s of %d rows into %s (first: %s): %w", e0.op, len(g), t.ident, e0.describe(), err)
+	}
+	return nil
+}
+
+func buildSQL(t *table, op Op, cols []int) string {
+	var b strings.Builder
+	unnest := func() {
+		b.WriteString("unnest(")
+		for i := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "$%d::text[]", i+1)
+		}
+		b.WriteString(") AS u(")
+		for i := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "c%d", i)
+		}
+		b.WriteString(")")
+	}
+	pos := func(col int) int {
+		for i, c := range cols {
+			if c == col {
+				return i
+			}
+		}
+		return -1
+	}
+	isKey := func(col int) bool {
+		for _, k := range t.key {
+			if k == col {
+				return true
+			}
+		}
+		return false
+	}
+	keyMatch := func() {
+		for i, k := range t.key {
+			if i > 0 {
+				b.WriteString(" AND ")
+			}
+			fmt.Fprintf(&b, "t.%s = u.c%d::%s", t.cols[k].ident, pos(k), t.cols[k].typ)
+		}
+	}
+	switch op {
+	case Delete:
+		fmt.Fprintf(&b, "DELETE FROM %s AS t USING ", t.ident)
+		unnest()
+		b.WriteString(" WHERE ")
+		keyMatch()
+	case Insert, Upsert:
+		fmt.Fprintf(&b, "INSERT INTO %s (", t.ident)
+		for i, c := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(t.cols[c].ident)
+		}
+		b.WriteString(") SELECT ")
+		for i, c := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "u.c%d::%s", i, t.cols[c].typ)
+		}
+		b.WriteString(" FROM ")
+		unnest()
+		if op == Upsert {
+			b.WriteString(" ON CONFLICT (")
+			for i, k := range t.key {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(t.cols[k].ident)
+			}
+			b.WriteString(") DO ")
+			n := 0
+			for _, c := range cols {
+				if isKey(c) {
+					continue
+				}
+				if n == 0 {
+					b.WriteString("UPDATE SET ")
+				} else {
+					b.WriteString(", ")
+				}
+				fmt.Fprintf(&b, "%s = EXCLUDED.%s", t.cols[c].ident, t.cols[c].ident)
+				n++
+			}
+			if n == 0 {
+				b.WriteString("NOTHING")
+			}
+		}
+	case Update:
+		fmt.Fprintf(&b, "UPDATE %s AS t SET ", t.ident)
+		n := 0
+		for i, c := range cols {
+			if isKey(c) {
+				continue
+			}
+			if n > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%s = u.c%d::%s", t.cols[c].ident, i, t.cols[c].typ)
+			n++
+		}
+		if n == 0 {
+			return ""
+		}
+		b.WriteString(" FROM ")
+		unnest()
+		b.WriteString(" WHERE ")
+		keyMatch()
+	}
+	return b.String()
+}
+
+// updateByOldKey runs an update that changes the key (or names the row by KeyColumns): one
+// statement for one row.
+func (a *applier) updateByOldKey(e *enc) error {
+	t := e.t
+	var b strings.Builder
+	args := make([]any, 0, len(e.cols)+len(t.key))
+	fmt.Fprintf(&b, "UPDATE %s SET ", t.ident)
+	for i, c := range e.cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		args = append(args, e.vals[i])
+		fmt.Fprintf(&b, "%s = $%d::text::%s", t.cols[c].ident, len(args), t.cols[c].typ)
+	}
+	b.WriteString(" WHERE ")
+	for i, k := range t.key {
+		if i > 0 {
+			b.WriteString(" AND ")
+		}
+		args = append(args, e.oldKey[i])
+		fmt.Fprintf(&b, "%s = $%d::text::%s", t.cols[k].ident, len(args), t.cols[k].typ)
+	}
+	if len(e.cols) == 0 {
+		return nil
+	}
+	if _, err := a.q.Exec(a.ctx, b.String(), args...); err != nil {
+		return fmt.Errorf("update of %s (%s): %w", t.ident, e.describe(), err)
+	}
+	return nil
+}
