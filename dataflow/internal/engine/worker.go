@@ -577,11 +577,31 @@ func (w *worker) park(at time.Time, chans []<-chan struct{}) {
 		timerC = w.timer.C
 		defer w.timer.Stop()
 	}
-	if len(chans) == 0 {
+	// Plain selects for the usual cases (no reflection, no allocation); a nil channel is
+	// never ready.
+	switch len(chans) {
+	case 0:
 		select {
 		case <-w.wake:
 		case <-w.ctx.Done():
 		case <-timerC:
+		}
+		return
+	case 1:
+		select {
+		case <-w.wake:
+		case <-w.ctx.Done():
+		case <-timerC:
+		case <-chans[0]:
+		}
+		return
+	case 2:
+		select {
+		case <-w.wake:
+		case <-w.ctx.Done():
+		case <-timerC:
+		case <-chans[0]:
+		case <-chans[1]:
 		}
 		return
 	}
