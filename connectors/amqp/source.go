@@ -486,6 +486,10 @@ func (c *consumer[T]) signal() {
 // maxGrab bounds the deliveries moved to the buffer under one lock.
 const maxGrab = 512
 
+// maxYields is how many times in a row the consumer lets the library's goroutines run without a
+// new delivery before it hands what it has to the worker.
+const maxYields = 3
+
 // serve consumes and acknowledges on one session until it dies (the error says why) or the
 // consumer is closed (after the last queued acks were sent).
 func (c *consumer[T]) serve(s *session) error {
@@ -508,7 +512,9 @@ func (c *consumer[T]) serve(s *session) error {
 			// Take what else has arrived, letting the library's goroutines run once when
 			// nothing has: under load that turns one wake-up of the worker per message or
 			// two into one per batch, at no cost in latency when the queue is quiet.
-			yielded := false
+			// While yielding keeps bringing messages, keep yielding (up to maxYields in a
+			// row without one): a busy queue fills a batch; a quiet one costs one yield.
+			yields := 0
 		more:
 			for len(grab) < maxGrab {
 				select {
@@ -517,11 +523,12 @@ func (c *consumer[T]) serve(s *session) error {
 						break more
 					}
 					grab = append(grab, delivery{gen: s.gen, d: d})
+					yields = 0
 				default:
-					if yielded {
+					if yields == maxYields {
 						break more
 					}
-					yielded = true
+					yields++
 					runtime.Gosched()
 				}
 			}
