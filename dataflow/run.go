@@ -27,9 +27,10 @@ type Options struct {
 	Workers int
 	// EpochInterval is how often each worker closes its epoch; 0 means DefaultEpochInterval.
 	EpochInterval time.Duration
-	// MaxEpochsInFlight bounds the epochs read but not yet committed; sources stop reading at
-	// the bound, which bounds memory whatever the input rate. 0 means
-	// DefaultMaxEpochsInFlight.
+	// MaxEpochsInFlight bounds the epochs closed but not yet committed: when that many wait for
+	// their commit (a slow store, a lagging worker), a worker's sources stop reading until a
+	// commit comes, which bounds memory (and connectors' in-flight lists) whatever the input
+	// rate. 0 means DefaultMaxEpochsInFlight.
 	MaxEpochsInFlight int
 	// Logger receives the run's logs; nil means slog.Default().
 	Logger *slog.Logger

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,6 +225,69 @@ func TestMergeAcrossExchangeDepths(t *testing.T) {
 			if epochOf[i] != epochOf[1000+i] {
 				t.Errorf("workers=%d: %d in epoch %d but %d in epoch %d", workers, i, epochOf[i], 1000+i, epochOf[1000+i])
 			}
+		}
+	}
+}
+
+// countingSource never ends and counts what it has read.
+type countingSource struct{ read atomic.Int64 }
+
+func (s *countingSource) Build(_ context.Context, w dataflow.Worker) (dataflow.WorkerSource[int], error) {
+	return s, nil
+}
+func (s *countingSource) Next(context.Context) ([]int, error) {
+	s.read.Add(100)
+	return make([]int, 100), nil
+}
+func (s *countingSource) Close() error { return nil }
+
+// When epochs wait for a commit that does not come (the store stalls), the sources stop
+// reading once MaxEpochsInFlight epochs are closed but not committed: memory stays bounded.
+// And with a bound of 1, epochs still close and commit.
+func TestSourcesPauseWhileCommitsLag(t *testing.T) {
+	for _, max := range []int{1, 2} {
+		src := &countingSource{}
+		var stalled atomic.Bool
+		release := make(chan struct{})
+		f := dataflow.New("lag")
+		in := dataflow.Input(f, "in", dataflow.FromDynamic[int](src))
+		sink := flowtest.NewSink[int]()
+		dataflow.Output("out", dataflow.Transform("none", in, func([]int) ([]int, error) { return nil, nil }), sink.Output())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		store := openStore(t, t.TempDir())
+		defer store.Close()
+		go func() {
+			done <- dataflow.Run(ctx, f, dataflow.Options{EpochInterval: 2 * time.Millisecond, MaxEpochsInFlight: max,
+				Recovery: store,
+				CrashHook: func(point string) bool {
+					if point == "before-commit-record" && sink.Committed() >= 2 && stalled.CompareAndSwap(false, true) {
+						<-release // the store stalls on this epoch's commit
+					}
+					return false
+				}})
+		}()
+		for deadline := time.Now().Add(20 * time.Second); !stalled.Load(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				cancel()
+				<-done
+				t.Fatalf("max=%d: no second epoch was committed in 20 s", max)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+		before := src.read.Load()
+		time.Sleep(200 * time.Millisecond)
+		if after := src.read.Load(); after != before {
+			t.Errorf("max=%d: the source read %d more items while %d epochs waited for their commit", max, after-before, max)
+		}
+		close(release)
+		time.Sleep(50 * time.Millisecond)
+		if src.read.Load() == before {
+			t.Errorf("max=%d: the source did not resume reading after the commit", max)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
 		}
 	}
 }

@@ -365,9 +365,15 @@ func (w *worker) report() {
 	}
 }
 
+// inFlight is the number of this worker's epochs not committed: the closed ones and the open
+// one. A worker may close its open epoch while inFlight <= MaxEpochsInFlight, and its sources
+// read only while that holds too; so once MaxEpochsInFlight epochs are closed but not
+// committed, reading stops until a commit, however slow the store or a lagging worker.
+func (w *worker) inFlight() uint64 { return w.epoch[0] - w.committed }
+
 // canRead tells whether the sources may read: not too many epochs in flight, no full mailbox.
 func (w *worker) canRead() bool {
-	if w.epoch[0]-w.committed > uint64(w.r.cfg.MaxEpochsInFlight) {
+	if w.inFlight() > uint64(w.r.cfg.MaxEpochsInFlight) {
 		return false
 	}
 	for _, mb := range w.outAll {
@@ -408,7 +414,7 @@ func (w *worker) pollSources() (bool, error) {
 }
 
 func (w *worker) maybeCloseEpoch(now time.Time) (bool, error) {
-	if w.groupDone[0] || now.Before(w.closeAt) || w.epoch[0]-w.committed >= uint64(w.r.cfg.MaxEpochsInFlight) {
+	if w.groupDone[0] || now.Before(w.closeAt) || w.inFlight() > uint64(w.r.cfg.MaxEpochsInFlight) {
 		return false, nil
 	}
 	e := w.epoch[0]
@@ -544,7 +550,7 @@ func (w *worker) deadline() (time.Time, []<-chan struct{}) {
 		}
 	}
 	var chans []<-chan struct{}
-	if !w.groupDone[0] && w.epoch[0]-w.committed < uint64(w.r.cfg.MaxEpochsInFlight) {
+	if !w.groupDone[0] && w.inFlight() <= uint64(w.r.cfg.MaxEpochsInFlight) {
 		earliest(w.closeAt)
 	}
 	if !w.groupDone[0] && w.canRead() {
