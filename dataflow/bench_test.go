@@ -57,7 +57,9 @@ func wordcountFlow(lines []string, parts int, sink dataflow.Sink[dataflow.KV[int
 	}
 	f := dataflow.New("wordcount")
 	in := operators.Input(f, "read", dataflow.FromPartitioned[string, int](src))
-	words := operators.FlatMap("split", in, strings.Fields)
+	// Lines go to whichever worker has the least backlog, so a worker that runs slower (a
+	// busier vCPU, a GC cycle) gets fewer.
+	words := operators.FlatMap("split", operators.Redistribute("spread", in), strings.Fields)
 	counts := operators.Count("count", words, func(w string) string { return w })
 	operators.Output("write", counts, sink)
 	return f

@@ -119,17 +119,3 @@ func byKey[V any]() func(self, total int, shared any) engine.Router {
 		return &keyRouter[V]{bufs: make([][]KV[V], total), total: uint64(total), pool: pool}
 	}
 }
-
-func roundRobin[T any]() func(self, total int, shared any) engine.Router {
-	pool := newBatchPool[T](exchangeBatch)
-	return func(self, total int, _ any) engine.Router {
-		next := self
-		return newRouter(total, pool, func(T) (int, error) {
-			next++
-			if next == total {
-				next = 0
-			}
-			return next, nil
-		})
-	}
-}

@@ -19,7 +19,7 @@ func (f *Flow) Mermaid() string {
 	}
 	for i, s := range f.graph.Steps {
 		for _, in := range s.Inputs {
-			if in.NewRouter != nil {
+			if in.NewRouter != nil || in.Balance {
 				fmt.Fprintf(&b, "  s%d -- exchange --> s%d\n", index[in.From.ID], i)
 			} else {
 				fmt.Fprintf(&b, "  s%d --> s%d\n", index[in.From.ID], i)

@@ -187,8 +187,10 @@ func Merge[T any](name string, ins ...Stream[T]) Stream[T] {
 	return passThrough[T](f, name, edges)
 }
 
-// Redistribute adds a step that spreads the items of in evenly over all workers (round robin
-// from each worker), to share out the work of a source with few partitions.
+// Redistribute adds a step that spreads the items of in over all workers, to share out the
+// work of a source with few partitions (one file, one queue) or of workers that run at
+// different speeds: each batch goes whole to the worker with the fewest batches of this step
+// waiting (in turn among equals), so a busy or slow worker gets less.
 //
 // State: none. Epochs: items keep their epoch. EOF: the output ends when in ends.
 func Redistribute[T any](name string, in Stream[T]) Stream[T] {
@@ -196,7 +198,7 @@ func Redistribute[T any](name string, in Stream[T]) Stream[T] {
 		return Stream[T]{}
 	}
 	e := in.edge()
-	e.NewRouter = roundRobin[T]()
+	e.Balance = true
 	return passThrough[T](in.flow, name, []engine.Edge{e})
 }
 

@@ -371,8 +371,10 @@ func sameFlow[T any](name string, ins []dataflow.Stream[T]) bool {
 	return true
 }
 
-// Redistribute adds a step that spreads the items of in evenly over all workers (round robin
-// from each worker), to share out the work behind a source with few partitions.
+// Redistribute adds a step that spreads the items of in over all workers, to share out the
+// work behind a source with few partitions (one file, one queue) or among workers that run at
+// different speeds: each batch goes whole to the worker with the fewest batches of this step
+// waiting (in turn among equals), so a busy or slow worker gets less.
 //
 // State: none. Epochs: items keep their epoch. EOF: the output ends when in ends.
 func Redistribute[T any](name string, in dataflow.Stream[T]) dataflow.Stream[T] {

@@ -40,7 +40,10 @@ func build(input, output string) *dataflow.Flow {
 		src = file.Lines(input)
 	}
 	lines := operators.Input(flow, "read", src)
-	words := operators.FlatMap("split", lines, strings.Fields)
+	// One file is one partition, read by one worker: spread its lines over all workers (each
+	// batch to the worker with the least backlog) so that every worker splits and counts.
+	spread := operators.Redistribute("spread", lines)
+	words := operators.FlatMap("split", spread, strings.Fields)
 	counts := operators.Count("count", words, func(w string) string { return w })
 	var sink dataflow.Sink[dataflow.KV[int]]
 	if output == "" {

@@ -38,6 +38,9 @@ type Edge struct {
 	// NewRouter, if set, makes this an exchange: items cross to the worker the router picks.
 	// Without it the edge is local (a plain function call on the same worker).
 	NewRouter func(self, total int, shared any) Router
+	// Balance makes this an exchange that sends each batch whole to the worker with the
+	// shortest backlog of this edge (ties in turn), so a slower worker gets less. No router.
+	Balance bool
 }
 
 // Router splits batches of one exchange edge by destination worker. One router exists per
@@ -85,6 +88,7 @@ type planEdge struct {
 	to, toPort     int
 	depth          int // depth of the receiving step
 	channel        bool
+	balance        bool
 	newRouter      func(self, total int, shared any) Router
 }
 
@@ -104,7 +108,7 @@ func compile(g *Graph) (*plan, error) {
 		d := 0
 		for _, in := range s.Inputs {
 			dd := in.From.depth
-			if in.NewRouter != nil {
+			if in.NewRouter != nil || in.Balance {
 				dd++
 			}
 			d = max(d, dd)
@@ -113,7 +117,7 @@ func compile(g *Graph) (*plan, error) {
 		p.maxDepth = max(p.maxDepth, d)
 		for port, in := range s.Inputs {
 			e := planEdge{from: in.From.index, fromPort: in.Port, to: i, toPort: port, depth: d,
-				newRouter: in.NewRouter, channel: in.NewRouter != nil}
+				newRouter: in.NewRouter, balance: in.Balance, channel: in.NewRouter != nil || in.Balance}
 			if !e.channel && in.From.depth < d {
 				e.channel = true // forward channel: to self only
 			}

@@ -235,7 +235,7 @@ func wireMailboxes(p *plan, workers []*worker) {
 		}
 		for _, recv := range workers {
 			for _, send := range workers {
-				if e.newRouter == nil && send != recv {
+				if e.newRouter == nil && !e.balance && send != recv {
 					continue // forward channel: to self only
 				}
 				mb := &mailbox{sender: send, recv: recv}

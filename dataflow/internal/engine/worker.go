@@ -41,6 +41,7 @@ type worker struct {
 	lastSent  uint64     // last frontier reported
 	cur       int        // the step being called, for panic reports
 	snaps     []Snapshot // taken since the last report
+	turn      int        // rotates the ties of balancing edges
 
 	wake  chan struct{}
 	timer *time.Timer
@@ -77,6 +78,8 @@ func (w *worker) emit(step, port int, epoch uint64, batch any) error {
 			if err != nil {
 				return w.wrap(e.to, err)
 			}
+		case e.balance:
+			w.outbox[eid][w.leastLoaded(eid)].send(message{kind: msgData, epoch: epoch, batch: batch})
 		case e.newRouter == nil: // forward channel
 			w.outbox[eid][w.index].send(message{kind: msgData, epoch: epoch, batch: batch})
 		default:
@@ -96,6 +99,21 @@ func (w *worker) emit(step, port int, epoch uint64, batch any) error {
 		}
 	}
 	return nil
+}
+
+// leastLoaded picks the receiver of a balancing edge with the fewest messages waiting, taking
+// turns among equals.
+func (w *worker) leastLoaded(eid int) int {
+	boxes := w.outbox[eid]
+	w.turn++
+	best, bestN := -1, int32(0)
+	for i := range boxes {
+		d := (w.turn + i) % len(boxes)
+		if n := boxes[d].n.Load(); best < 0 || n < bestN {
+			best, bestN = d, n
+		}
+	}
+	return best
 }
 
 // flushEdge sends what the router of an exchange edge holds.
