@@ -7,7 +7,7 @@ import (
 	"github.com/epochflow/epochflow/operators"
 )
 
-// Deduplicate adds steps (name+"-key", name, name+"-unkey") that drop a message whose ID was
+// Deduplicate adds operators.Deduplicate keyed by message ID: steps that drop a message whose ID was
 // already seen within window: the redeliveries SQS makes when a delete is lost (a crash between
 // an epoch's commit and its DeleteMessageBatch, a stale receipt handle, a lost ReceiveMessage
 // answer). With a recovery store the IDs seen are part of the flow's committed state, so a flow
@@ -22,20 +22,5 @@ import (
 // when the order of a group matters downstream. Epochs: a message's output carries its epoch.
 // EOF: nothing more is emitted.
 func Deduplicate(name string, in dataflow.Stream[Message], window time.Duration) dataflow.Stream[Message] {
-	keyed := operators.KeyOn(name+"-key", in, func(m Message) string { return m.ID })
-	out := dataflow.Stateful(name, keyed, dataflow.StatefulLogic[Message, int64, Message]{
-		OnItem: func(_ string, until *int64, exists bool, m Message, out *dataflow.Emitter[Message]) (bool, error) {
-			if exists {
-				return true, nil // seen within the window: a redelivery
-			}
-			*until = time.Now().Add(window).UnixNano()
-			out.Emit(m)
-			return true, nil
-		},
-		OnNotify: func(string, *int64, time.Time, *dataflow.Emitter[Message]) (bool, error) {
-			return false, nil // the window is over: forget the ID
-		},
-		NotifyAt: func(_ string, until *int64) time.Time { return time.Unix(0, *until) },
-	})
-	return operators.KeyRm(name+"-unkey", out)
+	return operators.Deduplicate(name, in, func(m Message) string { return m.ID }, window)
 }

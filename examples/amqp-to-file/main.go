@@ -59,9 +59,6 @@ type line struct {
 	body string
 }
 
-// noID is the key of messages without a message id: their state is never kept.
-const noID = "\x00"
-
 // decode takes the body of a message as a line; a body with a line break would not be one line.
 func decode(m amqp.Message) (line, error) {
 	if strings.ContainsAny(string(m.Body), "\n") {
@@ -74,27 +71,9 @@ func decode(m amqp.Message) (line, error) {
 func build(cfg amqp.SourceConfig, output string) *dataflow.Flow {
 	flow := dataflow.New("amqp-to-file")
 	msgs := operators.Input(flow, "read", amqp.ConsumeDecoded(cfg, decode))
-	keyed := operators.KeyOn("key", msgs, func(l line) string {
-		if l.id == "" {
-			return noID
-		}
-		return l.id
-	})
-	// The state of an id is "written": a message whose id has state is a redelivery of one
-	// already written in a committed epoch (or in this epoch).
-	fresh := dataflow.Stateful("dedup", keyed, dataflow.StatefulLogic[line, bool, string]{
-		OnItem: func(key string, written *bool, exists bool, l line, out *dataflow.Emitter[string]) (bool, error) {
-			if key == noID {
-				out.Emit(l.body)
-				return false, nil
-			}
-			if !exists {
-				out.Emit(l.body)
-			}
-			*written = true
-			return true, nil
-		},
-	})
-	operators.Output("write", fresh, file.LinesOut(output, func(kv dataflow.KV[string]) string { return kv.Value }))
+	// A message whose id was written already is a redelivery of one written in a committed
+	// epoch (or in this epoch); messages without an id always pass.
+	fresh := operators.Deduplicate("dedup", msgs, func(l line) string { return l.id }, 0)
+	operators.Output("write", fresh, file.LinesOut(output, func(l line) string { return l.body }))
 	return flow
 }
