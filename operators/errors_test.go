@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,11 @@ func TestItemErrors(t *testing.T) {
 		}, step: "t.op", item: `"boom"`},
 		{name: "FlatMap", op: func(in S) any {
 			return operators.FlatMap("op", in, func(s string) []string { panicOn(s); return []string{s, s} })
+		}, step: "t.op", item: `"boom"`, panic: true},
+		{name: "FlatMapSeq", op: func(in S) any {
+			return operators.FlatMapSeq("op", in, func(s string) iter.Seq[string] {
+				return func(yield func(string) bool) { yield(s); panicOn(s) }
+			})
 		}, step: "t.op", item: `"boom"`, panic: true},
 		{name: "FlatMapErr", op: func(in S) any {
 			return operators.FlatMapErr("op", in, func(s string) ([]string, error) { return []string{s}, failOn(s) })

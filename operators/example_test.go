@@ -163,6 +163,17 @@ func ExampleFlatMap() {
 	// Output: [to be or not to be]
 }
 
+func ExampleFlatMapSeq() {
+	f := dataflow.New("example")
+	lines := operators.Input(f, "read", flowtest.List("to be", "or not to be"))
+	words := operators.FlatMapSeq("split", lines, strings.FieldsSeq)
+	sink := flowtest.NewSink[string]()
+	operators.Output("write", words, sink.Output())
+	run(f)
+	fmt.Println(sink.Items())
+	// Output: [to be or not to be]
+}
+
 func ExampleFlatMapErr() {
 	f := dataflow.New("example")
 	in := operators.Input(f, "read", flowtest.List("1,2", "3"))

@@ -2,6 +2,7 @@ package operators
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 
 	"github.com/epochflow/epochflow/dataflow"
@@ -205,6 +206,34 @@ func FlatMap[T, U any](name string, in dataflow.Stream[T], fn func(T) []U) dataf
 				out = grow(out, len(us), i+1, len(batch))
 			}
 			out = append(out, us...)
+		}
+		return out, nil
+	})
+}
+
+// FlatMapSeq adds a step that replaces every item x with the items fn(x) yields, in order:
+// FlatMap for a function that returns an iterator, such as strings.FieldsSeq, so that no
+// slice is built per item. Use it on hot paths where FlatMap's per-item slices would keep
+// the garbage collector busy.
+//
+// State: none. Epochs: output items keep the epoch of their input. EOF: the output ends when in
+// ends. A panic in fn or in the iterator stops the flow, naming the item.
+func FlatMapSeq[T, U any](name string, in dataflow.Stream[T], fn func(T) iter.Seq[U]) dataflow.Stream[U] {
+	if !usable(name, in, "the flat-map function", fn == nil) {
+		return dataflow.Stream[U]{}
+	}
+	return dataflow.TransformInto(name, in, func(batch []T, out []U) (_ []U, err error) {
+		i := 0
+		defer recoverItem(batch, &i, &err)
+		out = slices.Grow(out, len(batch))
+		// One yield function per batch, not one per item as a range-over-func loop would
+		// allocate.
+		yield := func(u U) bool {
+			out = append(out, u)
+			return true
+		}
+		for ; i < len(batch); i++ {
+			fn(batch[i])(yield)
 		}
 		return out, nil
 	})

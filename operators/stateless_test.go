@@ -127,6 +127,14 @@ func TestStateless(t *testing.T) {
 			out := oneShot(t, w, 500, lines, func(in S) S { return operators.FlatMap("f", in, strings.Fields) })
 			return out
 		}, lineWords},
+		{"FlatMapSeq", func(t *testing.T, w int) []string {
+			return printed(t, w, []string{"a b", "", "c", "d e f"}, func(in S) S {
+				return operators.FlatMapSeq("f", in, strings.FieldsSeq)
+			})
+		}, []string{"a", "b", "c", "d", "e", "f"}},
+		{"FlatMapSeq/grow", func(t *testing.T, w int) []string {
+			return oneShot(t, w, 500, lines, func(in S) S { return operators.FlatMapSeq("f", in, strings.FieldsSeq) })
+		}, lineWords},
 		{"FlatMapErr", func(t *testing.T, w int) []string {
 			return printed(t, w, []string{"a b", "", "c"}, func(in S) S {
 				return operators.FlatMapErr("f", in, func(s string) ([]string, error) { return strings.Fields(s), nil })

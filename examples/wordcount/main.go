@@ -43,7 +43,7 @@ func build(input, output string) *dataflow.Flow {
 	// One file is one partition, read by one worker: spread its lines over all workers (each
 	// batch to the worker with the least backlog) so that every worker splits and counts.
 	spread := operators.Redistribute("spread", lines)
-	words := operators.FlatMap("split", spread, strings.Fields)
+	words := operators.FlatMapSeq("split", spread, strings.FieldsSeq)
 	counts := operators.Count("count", words, func(w string) string { return w })
 	var sink dataflow.Sink[dataflow.KV[int]]
 	if output == "" {
