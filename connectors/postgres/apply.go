@@ -1,9 +1,11 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -16,6 +18,9 @@ import (
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
+
+// copier runs COPY ... FROM STDIN on the connection of the execer, inside its transaction.
+type copier func(ctx context.Context, r io.Reader, sql string) (pgconn.CommandTag, error)
 
 // table is what the sink knows of a target table.
 type table struct {
@@ -236,13 +241,14 @@ func makeEnc(t *table, op Op, names []string, vals []pgtype.Text, keyNames []str
 type applier struct {
 	ctx    context.Context
 	q      execer
+	copy   copier
 	order  []*table
 	byT    map[*table]map[string]*enc
 	tOrder map[*table][]string
 }
 
-func newApplier(ctx context.Context, q execer) *applier {
-	return &applier{ctx: ctx, q: q, byT: map[*table]map[string]*enc{}, tOrder: map[*table][]string{}}
+func newApplier(ctx context.Context, q execer, copy copier) *applier {
+	return &applier{ctx: ctx, q: q, copy: copy, byT: map[*table]map[string]*enc{}, tOrder: map[*table][]string{}}
 }
 
 func merge(a, b *enc) *enc {
@@ -391,6 +397,9 @@ func (a *applier) run(t *table, sig string, g []*enc) error {
 	if q == "" {
 		return nil // an update of key columns only: nothing to set
 	}
+	if e0.op == Insert {
+		return a.copyIn(t, q, cols, g)
+	}
 	args := make([]any, len(cols))
 	for i := range cols {
 		arr := make([]pgtype.Text, len(g))
@@ -408,6 +417,54 @@ func (a *applier) run(t *table, sig string, g []*enc) error {
 		return fmt.Errorf("%s of %d rows into %s (first: %s): %w", e0.op, len(g), t.ident, e0.describe(), err)
 	}
 	return nil
+}
+
+// copyIn writes a group of inserts with COPY in text format (the values already are text):
+// one round trip, and the server parses each value once, with no arrays to build and unnest.
+func (a *applier) copyIn(t *table, q string, cols []int, g []*enc) error {
+	var buf bytes.Buffer
+	for _, e := range g {
+		for i := range cols {
+			if i > 0 {
+				buf.WriteByte('\t')
+			}
+			copyText(&buf, e.vals[i])
+		}
+		buf.WriteByte('\n')
+	}
+	if _, err := a.copy(a.ctx, &buf, q); err != nil {
+		return fmt.Errorf("%s of %d rows into %s (first: %s): %w", Insert, len(g), t.ident, g[0].describe(), err)
+	}
+	return nil
+}
+
+// copyText appends v in COPY's text format: \N for NULL, and backslash, newline, carriage
+// return and tab escaped.
+func copyText(buf *bytes.Buffer, v pgtype.Text) {
+	if !v.Valid {
+		buf.WriteString(`\N`)
+		return
+	}
+	s := v.String
+	for {
+		i := strings.IndexAny(s, "\\\n\r\t")
+		if i < 0 {
+			buf.WriteString(s)
+			return
+		}
+		buf.WriteString(s[:i])
+		switch s[i] {
+		case '\\':
+			buf.WriteString(`\\`)
+		case '\n':
+			buf.WriteString(`\n`)
+		case '\r':
+			buf.WriteString(`\r`)
+		case '\t':
+			buf.WriteString(`\t`)
+		}
+		s = s[i+1:]
+	}
 }
 
 func buildSQL(t *table, op Op, cols []int) string {
@@ -454,12 +511,21 @@ func buildSQL(t *table, op Op, cols []int) string {
 		}
 	}
 	switch op {
+	case Insert:
+		fmt.Fprintf(&b, "COPY %s (", t.ident)
+		for i, c := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(t.cols[c].ident)
+		}
+		b.WriteString(") FROM STDIN")
 	case Delete:
 		fmt.Fprintf(&b, "DELETE FROM %s AS t USING ", t.ident)
 		unnest()
 		b.WriteString(" WHERE ")
 		keyMatch()
-	case Insert, Upsert:
+	case Upsert:
 		fmt.Fprintf(&b, "INSERT INTO %s (", t.ident)
 		for i, c := range cols {
 			if i > 0 {
@@ -476,31 +542,29 @@ func buildSQL(t *table, op Op, cols []int) string {
 		}
 		b.WriteString(" FROM ")
 		unnest()
-		if op == Upsert {
-			b.WriteString(" ON CONFLICT (")
-			for i, k := range t.key {
-				if i > 0 {
-					b.WriteString(", ")
-				}
-				b.WriteString(t.cols[k].ident)
+		b.WriteString(" ON CONFLICT (")
+		for i, k := range t.key {
+			if i > 0 {
+				b.WriteString(", ")
 			}
-			b.WriteString(") DO ")
-			n := 0
-			for _, c := range cols {
-				if isKey(c) {
-					continue
-				}
-				if n == 0 {
-					b.WriteString("UPDATE SET ")
-				} else {
-					b.WriteString(", ")
-				}
-				fmt.Fprintf(&b, "%s = EXCLUDED.%s", t.cols[c].ident, t.cols[c].ident)
-				n++
+			b.WriteString(t.cols[k].ident)
+		}
+		b.WriteString(") DO ")
+		n := 0
+		for _, c := range cols {
+			if isKey(c) {
+				continue
 			}
 			if n == 0 {
-				b.WriteString("NOTHING")
+				b.WriteString("UPDATE SET ")
+			} else {
+				b.WriteString(", ")
 			}
+			fmt.Fprintf(&b, "%s = EXCLUDED.%s", t.cols[c].ident, t.cols[c].ident)
+			n++
+		}
+		if n == 0 {
+			b.WriteString("NOTHING")
 		}
 	case Update:
 		fmt.Fprintf(&b, "UPDATE %s AS t SET ", t.ident)

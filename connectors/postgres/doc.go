@@ -28,10 +28,10 @@
 //
 // Within an epoch, the operations on one key collapse into one (an insert then updates become
 // one insert; a delete then an insert an upsert; ...), and the rows of a table are written with
-// one statement per operation and set of columns, the values passed as text arrays and
-// unnested (INSERT ... SELECT ... FROM unnest($1::text[], ...) [ON CONFLICT (key) DO UPDATE],
-// UPDATE ... FROM unnest(...), DELETE ... USING unnest(...)): a few round trips per epoch, not
-// one per row. (Rows whose effects cannot be merged flush what came before, so the effect is
+// one statement per operation and set of columns: inserts with COPY (text format), the
+// others with their values passed as text arrays and unnested (INSERT ... SELECT ... FROM
+// unnest($1::text[], ...) ON CONFLICT (key) DO UPDATE, UPDATE ... FROM unnest(...), DELETE ...
+// USING unnest(...)): a few round trips per epoch, not one per row. (Rows whose effects cannot be merged flush what came before, so the effect is
 // always that of applying the rows in order. Only the key is considered: constraints on other
 // columns are checked as the collapsed statements run.)
 //

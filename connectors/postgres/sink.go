@@ -410,7 +410,7 @@ func (p *partition) prepare(direct bool) error {
 	}
 	err := func() error {
 		if direct {
-			a := newApplier(ctx, p.conn)
+			a := newApplier(ctx, p.conn, p.conn.PgConn().CopyFrom)
 			for i := range p.rows {
 				if err := a.add(&p.rows[i]); err != nil {
 					return err
@@ -499,7 +499,7 @@ func (p *partition) applyLog(ctx context.Context, conn *pgx.Conn, cat *catalog, 
 	if len(chunks) == 0 {
 		return nil
 	}
-	a := newApplier(ctx, tx)
+	a := newApplier(ctx, tx, tx.Conn().PgConn().CopyFrom)
 	for _, c := range chunks {
 		var lr []logRow
 		if err := json.Unmarshal([]byte(c), &lr); err != nil {
