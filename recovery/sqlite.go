@@ -25,6 +25,13 @@ import (
 // command-line shell.
 const FileName = "epochflow-0.sqlite3"
 
+// LockName is the name of the lock file a read-write SQLiteStore holds in its directory, so
+// that a second run on the same store is refused (ErrInUse) instead of overwriting the first
+// one's epochs. The lock is an advisory flock on Unix systems: the kernel releases it when
+// the process ends, however it ends (a kill -9 leaves no stale lock). The file is empty and
+// stays in place. On other systems there is no lock.
+const LockName = "epochflow.lock"
+
 // SQLiteOptions configures OpenSQLite. The zero value is the default.
 type SQLiteOptions struct {
 	// BackupInterval is how long a snapshot is kept after a newer snapshot of the same key
@@ -51,6 +58,8 @@ type SQLiteStore struct {
 	backup   time.Duration
 	now      func() time.Time
 	readOnly bool
+
+	lock *os.File // the held LockName file; nil for read-only stores
 
 	mu        sync.Mutex // serialises Begin and Commit; guards the fields below
 	execution int        // the execution recorded by Begin, 0 before
@@ -123,13 +132,24 @@ func OpenSQLite(ctx context.Context, dir string, opts SQLiteOptions) (*SQLiteSto
 		return nil, fmt.Errorf("recovery store %s: %w", path, err)
 	}
 
+	// The lock comes after the checks, so that a refused open creates no file.
+	lock, err := lockDir(abs)
+	if errors.Is(err, ErrInUse) {
+		return nil, fmt.Errorf("%w: %s is open for writing by another run (of this flow or another, in this process or another): stop that run, or give this one another recovery directory", ErrInUse, abs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("recovery store %s: locking %s: %w", abs, LockName, err)
+	}
+	s.lock = lock
 	db, err := sql.Open("sqlite", dsn(path, false))
 	if err != nil {
+		s.unlock()
 		return nil, fmt.Errorf("recovery store %s: %w", path, err)
 	}
 	s.db = db
 	if err := s.initialize(ctx); err != nil {
 		db.Close()
+		s.unlock()
 		return nil, err
 	}
 	return s, nil
@@ -805,8 +825,18 @@ func (s *SQLiteStore) Close() error {
 		return nil
 	}
 	s.closed = true
-	if err := s.db.Close(); err != nil {
+	err := s.db.Close()
+	s.unlock()
+	if err != nil {
 		return fmt.Errorf("recovery store %s: Close: %w", s.path, err)
 	}
 	return nil
+}
+
+// unlock releases the directory lock, if the store holds it.
+func (s *SQLiteStore) unlock() {
+	if s.lock != nil {
+		s.lock.Close() // closing the file releases the flock
+		s.lock = nil
+	}
 }

@@ -423,8 +423,8 @@ func TestReadOnly(t *testing.T) {
 	r.Close()
 	w.Close() // the last connection to close removes the -wal and -shm files
 	before := files(t, dir)
-	if len(before) != 1 {
-		t.Fatalf("files after closing the store: %v", before)
+	if _, ok := before[filepath.Join(dir, LockName)]; len(before) != 2 || !ok {
+		t.Fatalf("files after closing the store: %v, want the store and the lock file", before)
 	}
 	r = open(t, dir, SQLiteOptions{ReadOnly: true})
 	if got := loadAll(t, r, "s"); !reflect.DeepEqual(got, map[string]entry{"k": {2, "v2"}}) {
@@ -655,5 +655,39 @@ func TestDurabilitySettings(t *testing.T) {
 	}
 	for _, c := range conns {
 		c.Close()
+	}
+}
+
+// A second read-write open of a directory is refused while the first is open (in this
+// process here; flock also holds across processes), and works once the first is closed. A
+// read-only open (inspect) still works while the store is in use.
+func TestSecondWriterIsRefused(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	w := open(t, dir, SQLiteOptions{})
+	if _, err := w.Begin(ctx, Execution{Flow: "f", Workers: 1}); err != nil {
+		t.Fatal(err)
+	}
+	before := files(t, dir)
+	delete(before, filepath.Join(dir, FileName+"-shm"))
+	_, err := OpenSQLite(ctx, dir, SQLiteOptions{})
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), "another recovery directory") {
+		t.Fatalf("second open: %v, want ErrInUse naming %s and what to do", err, dir)
+	}
+	after := files(t, dir)
+	delete(after, filepath.Join(dir, FileName+"-shm"))
+	if !reflect.DeepEqual(before, after) {
+		t.Error("a refused second open changed the store's files")
+	}
+	r := open(t, dir, SQLiteOptions{ReadOnly: true})
+	if _, err := r.Executions(ctx); err != nil {
+		t.Errorf("read-only open of a store in use: %v", err)
+	}
+	r.Close()
+	w.Close()
+	w2 := open(t, dir, SQLiteOptions{})
+	defer w2.Close()
+	if ex, err := w2.Executions(ctx); err != nil || len(ex) != 1 {
+		t.Errorf("after the first store closed: executions %v, %v", ex, err)
 	}
 }

@@ -40,6 +40,9 @@ var (
 	ErrEpochOrder = errors.New("epoch out of order")
 	// ErrReadOnly: a write was attempted on a store opened read-only.
 	ErrReadOnly = errors.New("recovery store is open read-only")
+	// ErrInUse: another store, in this process or another, has the directory open for
+	// writing. Two runs on one store would overwrite each other's epochs.
+	ErrInUse = errors.New("recovery store is in use")
 )
 
 // Store is the recovery store contract, the same for every implementation.

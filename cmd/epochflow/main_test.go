@@ -71,13 +71,14 @@ count        2     6      2
 			t.Errorf("inspect %s printed\n%s\nwant\n%s", path, stdout.String(), want)
 		}
 	}
-	// Inspecting left nothing behind: no -wal or -shm file.
+	// Inspecting left nothing behind: no -wal or -shm file, only the store and the lock file
+	// of the run that wrote it.
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) != 1 {
-		t.Errorf("after inspect the directory holds %v, want only %s", entries, recovery.FileName)
+	if len(entries) != 2 || entries[0].Name() != recovery.FileName || entries[1].Name() != recovery.LockName {
+		t.Errorf("after inspect the directory holds %v, want only %s and %s", entries, recovery.FileName, recovery.LockName)
 	}
 }
 

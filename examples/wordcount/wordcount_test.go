@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -258,5 +259,47 @@ func TestWordcountSIGTERMStopsAndResumes(t *testing.T) {
 	}
 	if d := diff(readSorted(t, out), want); d != "" {
 		t.Fatalf("after a stop and a resume: %s", d)
+	}
+}
+
+// A second run on a recovery store that a running process holds is refused with a message
+// that says so (it would overwrite the first run's epochs); the first run is unharmed.
+func TestSecondRunOnAStoreInUseIsRefused(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	rec := filepath.Join(dir, "store")
+	first := exec.Command(bin, "-recovery", rec, "-output", filepath.Join(dir, "out1.txt"))
+	stdin, err := first.StdinPipe() // the first run reads stdin, which stays open
+	if err != nil {
+		t.Fatal(err)
+	}
+	var firstErr bytes.Buffer
+	first.Stderr = &firstErr
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(rec, "epochflow.lock")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first run did not open its store:\n%s", firstErr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	second := exec.Command(bin, "-recovery", rec, "-input", "sample.txt", "-output", filepath.Join(dir, "out2.txt"))
+	out, err := second.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "in use") || !strings.Contains(string(out), rec) {
+		t.Fatalf("second run on a store in use: %v\n%s", err, out)
+	}
+	io.WriteString(stdin, "a b a\n")
+	stdin.Close()
+	if err := first.Wait(); err != nil {
+		t.Fatalf("first run: %v\n%s", err, firstErr.String())
+	}
+	if d := diff(readSorted(t, filepath.Join(dir, "out1.txt")), []string{"a\t2", "b\t1"}); d != "" {
+		t.Fatalf("first run wrote: %s", d)
 	}
 }
