@@ -37,6 +37,13 @@
 // closes a channel whose oldest unacknowledged message is older than that: epochs must commit
 // well within it (if one does not, the consumer reconnects and the broker redelivers).
 //
+// Throughput: the broker spends more CPU per message on a consumer that acknowledges than on
+// one with autoAck, and more the more messages it holds unacknowledged. A flow holds those of
+// its open epoch and of the epoch being committed, so short epochs (tens of milliseconds)
+// read faster than long ones: BenchmarkConsume measures 200,000 messages read through a flow
+// with 20 ms epochs at about the rate of a bare amqp091-go consumer that acknowledges every
+// 20 ms, and at 1.4-1.5 times the rate of one that acknowledges every message.
+//
 // Lost connections: when the connection or the channel is lost, the consumer reconnects with
 // back-off (SourceConfig.ReconnectMin to ReconnectMax) and carries on; the broker requeues what
 // the dead channel had not acknowledged and delivers it again with Message.Redelivered set. A
