@@ -183,6 +183,10 @@ type Change struct {
 	// Prefix and Content are those of a Message.
 	Prefix  string
 	Content []byte
+	// FromCopy marks an Insert of the initial copy (Config.InitialCopy): a row that was in
+	// the table when the copy read it, not a change from the stream. It belongs to no
+	// transaction (Xid, CommitLSN, CommitTime and LSN are zero).
+	FromCopy bool
 }
 
 // Get returns the value of column name in the new row (Insert, Update) or else in the old one

@@ -59,6 +59,18 @@
 // committed epochs, so nothing is lost either. A sink that is exactly once (connectors/postgres)
 // makes the whole flow exactly once.
 //
+// # Initial copy
+//
+// A slot streams only what is committed after it was created. Config.InitialCopy makes a run
+// without recovery state first emit every row of Config.Tables as an Insert with FromCopy set,
+// read in one REPEATABLE READ snapshot taken after the slot exists, and then stream from the
+// slot (replication starts once the copy is done). The changes committed between the slot's
+// position and the snapshot reach the flow twice, in the copy and from the stream: applied by
+// key, inserts as upserts, they change nothing, so the target converges to the table. While
+// the copy runs, State.Copying is set; a run resumed from such a state copies again, with a
+// new snapshot (what the earlier copy's committed epochs wrote is overwritten by the same
+// rows, or by newer ones).
+//
 // # Slots, publications and heartbeats
 //
 // Build checks that the tables of Config.Tables exist and that the publication covers them,

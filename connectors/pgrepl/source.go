@@ -74,6 +74,14 @@ type Config struct {
 	// MaxBuffered bounds the events decoded but not yet returned by Next; 0 means
 	// DefaultMaxBuffered.
 	MaxBuffered int
+	// InitialCopy, on a run without recovery state, first emits every row of Tables (which
+	// must be set) as an Insert change with FromCopy set, read in one REPEATABLE READ
+	// snapshot taken after the slot exists, and then streams from the slot. Changes committed
+	// between the slot's position and that snapshot are in both, so the consumer must apply
+	// changes by key, inserts as upserts (postgres.FromChange does): the copy then converges
+	// to the source table. A run that stops before the epoch that ends the copy is committed
+	// copies again, with a new snapshot, when it resumes.
+	InitialCopy bool
 }
 
 // State is the resume state of the source's one partition: the end LSN of the last complete
@@ -84,6 +92,8 @@ type State struct {
 	LSN      LSN
 	TxCommit LSN `json:",omitempty"`
 	TxEvents int `json:",omitempty"`
+	// Copying is set while the initial copy (Config.InitialCopy) is not complete.
+	Copying bool `json:",omitempty"`
 }
 
 // Source is the dataflow.PartitionedSource behind Changes: one partition, the slot, named
@@ -123,6 +133,8 @@ func (c *Config) check() error {
 		return errors.New("pgrepl: Config.Publication is empty: name the publication the slot streams")
 	case c.Heartbeat < 0 || c.StatusInterval < 0 || c.IdleEOF < 0 || c.MaxBuffered < 0:
 		return errors.New("pgrepl: Config.Heartbeat, StatusInterval, IdleEOF and MaxBuffered must not be negative")
+	case c.InitialCopy && len(c.Tables) == 0:
+		return errors.New("pgrepl: Config.InitialCopy needs Config.Tables: name the tables to copy")
 	}
 	if _, err := pgconn.ParseConfig(c.DSN); err != nil {
 		return fmt.Errorf("pgrepl: Config.DSN: %w", err)
@@ -177,12 +189,17 @@ func (s *Source) Build(ctx context.Context, part string, resume *State) (dataflo
 				cfg.Slot, confirmed, resume.LSN))
 		}
 		p.pos = *resume
+		p.pos.Copying = resume.Copying && cfg.InitialCopy
 	} else {
-		p.pos = State{LSN: confirmed}
+		p.pos = State{LSN: confirmed, Copying: cfg.InitialCopy}
 	}
 	p.skip = p.pos
+	p.start = p.pos.LSN
 	p.flushed.Store(uint64(confirmed))
-	if err := p.startReplication(ctx, p.pos.LSN); err != nil {
+	if p.pos.Copying {
+		// The copy runs first, on the replication goroutine; replication starts after it.
+		p.copyCtx, p.copyCancel = context.WithCancel(context.Background())
+	} else if err := p.startReplication(ctx, p.pos.LSN); err != nil {
 		return fail(err)
 	}
 	go p.loop()
@@ -306,6 +323,7 @@ func (p *partition) startReplication(ctx context.Context, start LSN) error {
 			pglogrepl.StartReplicationOptions{Mode: pglogrepl.LogicalReplication, PluginArgs: args})
 		if err == nil {
 			p.conn = conn
+			p.live.Store(conn)
 			return nil
 		}
 		conn.Close(context.Background())
@@ -327,8 +345,15 @@ func (p *partition) startReplication(ctx context.Context, start LSN) error {
 // admin until it ends.
 type partition struct {
 	cfg   Config
-	conn  *pgconn.PgConn
+	conn  *pgconn.PgConn // nil until replication started (after the initial copy)
+	live  atomic.Pointer[pgconn.PgConn]
 	admin *pgx.Conn
+
+	// The initial copy (Config.InitialCopy): start is the LSN replication starts at once it
+	// is done; copyCtx is cancelled by Close.
+	start      LSN
+	copyCtx    context.Context
+	copyCancel context.CancelFunc
 
 	// Worker side.
 	pos       State // after everything Next returned
@@ -411,8 +436,12 @@ func (p *partition) Next(context.Context) ([]Change, error) {
 	}
 	out := items[:0]
 	for _, c := range items {
+		if c.FromCopy {
+			out = append(out, c)
+			continue
+		}
 		switch c.Kind {
-		case 0: // a transaction without events
+		case 0: // a transaction without events, or the end of the initial copy
 			p.pos = State{LSN: c.LSN}
 			continue
 		case Commit:
@@ -425,7 +454,7 @@ func (p *partition) Next(context.Context) ([]Change, error) {
 		}
 		out = append(out, c)
 	}
-	if len(out) == 0 && !more && p.cfg.IdleEOF > 0 && p.pos.TxCommit == 0 {
+	if len(out) == 0 && !more && p.cfg.IdleEOF > 0 && p.pos.TxCommit == 0 && !p.pos.Copying {
 		if wait := time.Until(last.Add(p.cfg.IdleEOF)); wait <= 0 {
 			p.eof = true
 			return nil, io.EOF
@@ -459,8 +488,10 @@ func (p *partition) Commit(_ context.Context, state State) error {
 func (p *partition) wake() {
 	p.wakeFlag.Store(true)
 	signal(p.wakeCh)
-	if c := p.conn.Conn(); c != nil {
-		c.SetReadDeadline(time.Now())
+	if pc := p.live.Load(); pc != nil {
+		if c := pc.Conn(); c != nil {
+			c.SetReadDeadline(time.Now())
+		}
 	}
 }
 
@@ -484,13 +515,18 @@ func (p *partition) Close() error {
 		p.idleTimer.Stop()
 	}
 	p.stop.Store(true)
+	if p.copyCancel != nil {
+		p.copyCancel()
+	}
 	p.wake()
 	<-p.done
 	close(p.hbStop)
 	<-p.hbDone
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	p.conn.Close(ctx)
+	if p.conn != nil {
+		p.conn.Close(ctx)
+	}
 	var errs []error
 	p.mu.Lock()
 	loopErr := p.err
@@ -576,6 +612,24 @@ func (p *partition) beat(ctx context.Context) error {
 // sends status updates with the committed LSN, never with the server's WAL end.
 func (p *partition) loop() {
 	defer close(p.done)
+	if p.copyCtx != nil {
+		defer p.copyCancel()
+		if err := p.copyTables(p.copyCtx); err != nil {
+			if !p.stop.Load() {
+				p.fail(fmt.Errorf("initial copy: %w", err))
+			}
+			return
+		}
+		if p.stop.Load() {
+			return
+		}
+		if err := p.startReplication(p.copyCtx, p.start); err != nil {
+			if !p.stop.Load() {
+				p.fail(err)
+			}
+			return
+		}
+	}
 	sent := LSN(0)
 	next := time.Now().Add(p.cfg.StatusInterval)
 	var keepalive *pglogrepl.PrimaryKeepaliveMessage

@@ -2,18 +2,20 @@
 // logical replication slot as the source and two-phase commit into the target:
 //
 //	go run ./examples/pg-cdc -source URL -target URL -table NAME -slot NAME -publication NAME \
-//	    -recovery PATH [-epoch-interval D] [-idle-exit D]
+//	    -recovery PATH [-epoch-interval D] [-idle-exit D] [-copy-existing=false]
 //
 // It creates the publication (FOR TABLE NAME) and the slot (pgoutput) in the source database
 // if they are missing, and the target table if it is missing: same schema and name, the
 // source's columns (names and types) and primary key, nothing else (no defaults, other
-// indexes or constraints). Every change committed in the source table after the slot was
-// created is applied to the target (inserts and updates as upserts, deletes, truncates), and
-// each epoch's changes become visible in the target in one transaction once the epoch is
-// committed. Rows that were in the source table before the slot existed are not copied: start
-// with an empty table (or copy it first, then create the slot before the next write). A column
-// added to the source table later must be added to the target table too, or the flow stops
-// with an error naming it.
+// indexes or constraints). A first run (no recovery state) copies the rows the source table
+// holds (-copy-existing, on by default; pgrepl.Config.InitialCopy), then every change
+// committed in the source table after the slot was created is applied to the target (inserts
+// and updates as upserts, deletes, truncates; changes that the copy already saw are applied
+// again, which upserts make harmless), and each epoch's rows and changes become visible in the
+// target in one transaction once the epoch is committed. A run killed during the copy copies
+// again when it restarts. With -copy-existing=false, rows that were in the table before the
+// slot existed are not copied. A column added to the source table later must be added to the
+// target table too, or the flow stops with an error naming it.
 //
 // Killed at any moment and restarted with the same -recovery directory, it carries on without
 // losing or repeating a change. With -idle-exit D it exits 0 once no change has arrived for D
@@ -44,15 +46,17 @@ func main() {
 	slot := flag.String("slot", "", "the logical replication slot (created if missing)")
 	publication := flag.String("publication", "", "the publication (created FOR TABLE -table if missing)")
 	idleExit := flag.Duration("idle-exit", 0, "exit 0 once no change has arrived for this long (0: run until signalled)")
+	copyExisting := flag.Bool("copy-existing", true, "on a first run, copy the rows the table already holds before streaming its changes")
 	dataflow.MainFunc(func() (*dataflow.Flow, error) {
 		return build(context.Background(), options{source: *source, target: *target, table: *table, slot: *slot,
-			publication: *publication, idleExit: *idleExit})
+			publication: *publication, idleExit: *idleExit, copyExisting: *copyExisting})
 	})
 }
 
 type options struct {
 	source, target, table, slot, publication string
 	idleExit                                 time.Duration
+	copyExisting                             bool
 }
 
 func (o options) check() error {
@@ -79,7 +83,7 @@ func build(ctx context.Context, o options) (*dataflow.Flow, error) {
 	flow := dataflow.New("pg-cdc")
 	changes := operators.Input(flow, "read", pgrepl.Changes(pgrepl.Config{
 		DSN: o.source, Slot: o.slot, Publication: o.publication, Tables: []string{o.table},
-		CreateSlot: true, CreatePublication: true, IdleEOF: o.idleExit,
+		CreateSlot: true, CreatePublication: true, IdleEOF: o.idleExit, InitialCopy: o.copyExisting,
 	}))
 	rows := operators.FlatMap("rows", changes, func(c pgrepl.Change) []postgres.Row { return postgres.FromChange(c, nil) })
 	operators.Output("write", rows, postgres.Rows(postgres.Config{DSN: o.target, Name: "pg-cdc:" + o.slot}))

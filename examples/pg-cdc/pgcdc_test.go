@@ -68,14 +68,13 @@ func tableText(t *testing.T, c *pgx.Conn) []string {
 
 // writer runs n transactions of inserts, updates (some leaving a TOASTed value unchanged, some
 // changing the key), deletes and 1,000-row inserts on the source table.
-func writer(ctx context.Context, dsn string, n int, seed uint64, done *atomic.Int64) error {
+func writer(ctx context.Context, dsn string, n, next int, seed uint64, done *atomic.Int64) error {
 	c, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer c.Close(ctx)
 	r := rand.New(rand.NewPCG(seed, 1))
-	next := 1
 	big := "SELECT string_agg(md5(g::text || random()::text), '') FROM generate_series(1, 200) g" // 6.4 KB: TOASTed
 	for i := 0; i < n; i++ {
 		b := &pgx.Batch{}
@@ -116,9 +115,10 @@ func writer(ctx context.Context, dsn string, n int, seed uint64, done *atomic.In
 	return nil
 }
 
-// The example, killed with SIGKILL at 20 random moments and restarted while a writer runs
-// 10,000 transactions on the source table, leaves the target table equal to the source table,
-// with no prepared transaction and no logged row behind.
+// The example, started on a table that already holds 50,000 rows, killed with SIGKILL during
+// its initial copy and then at 20 random moments and restarted while a writer runs 10,000
+// transactions on the source table (updating and deleting copied rows too), leaves the target
+// table equal to the source table, with no prepared transaction and no logged row behind.
 func TestPgCdcSurvivesKill9(t *testing.T) {
 	bin := buildBinary(t)
 	ctx := context.Background()
@@ -132,6 +132,10 @@ func TestPgCdcSurvivesKill9(t *testing.T) {
 	}
 	src, tgt := connect(t, srcDSN), connect(t, tgtDSN)
 	mustExec(t, src, "CREATE TABLE items (id int PRIMARY KEY, v text NOT NULL, n int, big text)")
+	const existing = 50_000
+	mustExec(t, src, `INSERT INTO items (id, v, n, big) SELECT g, 'existing' || g, g % 13,
+		CASE WHEN g % 500 = 0 THEN (SELECT string_agg(md5(h::text || g::text), '') FROM generate_series(1, 200) h) END
+		FROM generate_series(1, $1::int) g`, existing)
 	defer func() {
 		// After a failure, prepared transactions would keep the next slot from being created.
 		gids, _ := tgt.Query(ctx, "SELECT gid FROM pg_prepared_xacts")
@@ -155,24 +159,30 @@ func TestPgCdcSurvivesKill9(t *testing.T) {
 		cmd.Stderr = os.Stderr
 		return cmd
 	}
-	// The first run creates the slot, the publication and the target table; then the writer
-	// starts, so every row is written after the slot exists.
+	// The first run creates the slot, the publication and the target table and starts copying
+	// the existing rows (replication starts after the copy, so the slot is not active yet): it
+	// is killed during the copy.
 	first := run("")
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the slot", func() bool {
 		var n int
-		src.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cdc' AND active AND confirmed_flush_lsn IS NOT NULL").Scan(&n)
+		src.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cdc' AND confirmed_flush_lsn IS NOT NULL").Scan(&n)
 		return n == 1
 	})
+	time.Sleep(200 * time.Millisecond)
+	var active bool
+	src.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'cdc'").Scan(&active)
 	first.Process.Signal(syscall.SIGKILL)
 	first.Wait()
+	var copiedBeforeKill int
+	tgt.QueryRow(ctx, "SELECT count(*) FROM items").Scan(&copiedBeforeKill)
 
 	const txs = 10_000
 	var written atomic.Int64
 	werr := make(chan error, 1)
-	go func() { werr <- writer(ctx, srcDSN, txs, uint64(time.Now().UnixNano()), &written) }()
+	go func() { werr <- writer(ctx, srcDSN, txs, existing+1, uint64(time.Now().UnixNano()), &written) }()
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	kills, killsWriting := 0, 0
 	writing := true
@@ -228,8 +238,8 @@ func TestPgCdcSurvivesKill9(t *testing.T) {
 	if prepared != 0 || logged != 0 {
 		t.Fatalf("%d prepared transactions and %d logged rows left behind", prepared, logged)
 	}
-	t.Logf("%d transactions, %d kills (%d while the writer ran), %d rows; the last run took %v",
-		written.Load(), kills, killsWriting, len(want), time.Since(start))
+	t.Logf("%d transactions, %d kills (%d while the writer ran), %d rows; the first run, killed while copying (slot active: %v), had committed %d copied rows; the last run took %v",
+		written.Load(), kills, killsWriting, len(want), active, copiedBeforeKill, time.Since(start))
 }
 
 func diff(want, got []string) (missing, extra []string) {
