@@ -510,15 +510,18 @@ func buildSQL(t *table, op Op, cols []int) string {
 			fmt.Fprintf(&b, "t.%s = u.c%d::%s", t.cols[k].ident, pos(k), t.cols[k].typ)
 		}
 	}
-	switch op {
-	case Insert:
-		fmt.Fprintf(&b, "COPY %s (", t.ident)
+	colList := func() {
 		for i, c := range cols {
 			if i > 0 {
 				b.WriteString(", ")
 			}
 			b.WriteString(t.cols[c].ident)
 		}
+	}
+	switch op {
+	case Insert:
+		fmt.Fprintf(&b, "COPY %s (", t.ident)
+		colList()
 		b.WriteString(") FROM STDIN")
 	case Delete:
 		fmt.Fprintf(&b, "DELETE FROM %s AS t USING ", t.ident)
@@ -527,12 +530,7 @@ func buildSQL(t *table, op Op, cols []int) string {
 		keyMatch()
 	case Upsert:
 		fmt.Fprintf(&b, "INSERT INTO %s (", t.ident)
-		for i, c := range cols {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(t.cols[c].ident)
-		}
+		colList()
 		b.WriteString(") SELECT ")
 		for i, c := range cols {
 			if i > 0 {
