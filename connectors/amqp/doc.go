@@ -72,12 +72,16 @@
 // "publisher-0" ... (one per worker by default, SinkConfig.Publishers), each with its own
 // connection and channel; a message goes to the publisher picked by a hash of its exchange and
 // routing key. Snapshot, the pre-commit, returns only once the broker has confirmed every
-// message published so far; a nack, a message returned as unroutable (messages are mandatory
-// unless SinkConfig.AllowUnroutable) or a lost connection fails it, naming the exchange and the
+// message published so far; a nack or a message returned as unroutable (messages are mandatory
+// unless SinkConfig.AllowUnroutable) fails it, naming the exchange and the
 // routing key, and the flow stops: the epoch never commits, and a run that resumes from the
-// recovery store publishes it again. The state is the count of confirmed messages; Commit has
-// nothing to do. Delivery guarantee: at least once (a replayed epoch publishes its messages
-// again).
+// recovery store publishes it again. A lost connection or channel (a dropped socket, a broker
+// restart) is not a failure: the publisher reconnects with back-off (SinkConfig.ReconnectMin
+// to ReconnectMax, for up to ConfirmTimeout) and publishes every message not yet confirmed
+// again, in order, on the new channel; a channel the broker closed for a refused operation (a
+// missing exchange, access refused) fails the flow instead. The state is the count of
+// confirmed messages; Commit has nothing to do. Delivery guarantee: at least once (a replayed
+// epoch, or messages published again after a lost connection, arrive twice).
 //
 // # Running against a broker
 //

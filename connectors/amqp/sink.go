@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net"
 	"time"
 
@@ -49,9 +50,12 @@ type SinkConfig struct {
 	// MaxUnconfirmed bounds the messages published and not yet confirmed; 0 means
 	// DefaultMaxUnconfirmed.
 	MaxUnconfirmed int
-	// ConfirmTimeout bounds the wait for the broker's confirms in Write and Snapshot; 0 means
-	// DefaultConfirmTimeout.
+	// ConfirmTimeout bounds the wait for the broker's confirms in Write and Snapshot, and the
+	// time spent reconnecting after a lost connection; 0 means DefaultConfirmTimeout.
 	ConfirmTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the back-off between reconnection attempts after a
+	// lost connection or channel; 0 means DefaultReconnectMin and DefaultReconnectMax.
+	ReconnectMin, ReconnectMax time.Duration
 }
 
 func (c *SinkConfig) check() error {
@@ -76,6 +80,16 @@ func (c *SinkConfig) check() error {
 	if c.ConfirmTimeout == 0 {
 		c.ConfirmTimeout = DefaultConfirmTimeout
 	}
+	if c.ReconnectMin < 0 || c.ReconnectMax < 0 {
+		return fmt.Errorf("amqp sink: SinkConfig.ReconnectMin and ReconnectMax must not be negative")
+	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	c.ReconnectMax = max(c.ReconnectMax, c.ReconnectMin)
 	return nil
 }
 
@@ -150,13 +164,22 @@ func (s *Sink[T]) Build(ctx context.Context, part string, resume *uint64) (dataf
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	p := &publisher[T]{cfg: cfg, part: part, encode: s.encode}
+	p := &publisher[T]{cfg: cfg, part: part, encode: s.encode, log: dataflow.Logger(ctx)}
 	if resume != nil {
 		p.confirmed = *resume
 	}
+	if err := p.connect(ctx); err != nil {
+		return nil, fmt.Errorf("amqp sink: %w", err)
+	}
+	return p, nil
+}
+
+// connect opens the publisher's connection and channel in confirm mode, with the
+// notifications of closes and returned messages.
+func (p *publisher[T]) connect(ctx context.Context) error {
 	props := amqp091.NewConnectionProperties()
-	props.SetClientConnectionName("epochflow " + part)
-	conn, err := amqp091.DialConfig(cfg.URL, amqp091.Config{
+	props.SetClientConnectionName("epochflow " + p.part)
+	conn, err := amqp091.DialConfig(p.cfg.URL, amqp091.Config{
 		Heartbeat: 10 * time.Second, Locale: "en_US", Properties: props,
 		Dial: func(network, addr string) (net.Conn, error) {
 			d := net.Dialer{Timeout: dialTimeout}
@@ -169,7 +192,7 @@ func (s *Sink[T]) Build(ctx context.Context, part string, resume *uint64) (dataf
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("amqp sink: connecting to %s: %w", redact(cfg.URL), err)
+		return fmt.Errorf("connecting to %s: %w", redact(p.cfg.URL), err)
 	}
 	ch, err := conn.Channel()
 	if err == nil {
@@ -177,32 +200,47 @@ func (s *Sink[T]) Build(ctx context.Context, part string, resume *uint64) (dataf
 	}
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("amqp sink: opening a channel in confirm mode: %w", err)
+		return fmt.Errorf("opening a channel in confirm mode: %w", err)
 	}
 	p.conn, p.ch = conn, ch
+	p.why, p.down = nil, false
 	p.closed = ch.NotifyClose(make(chan *amqp091.Error, 1))
+	p.connClosed = conn.NotifyClose(make(chan *amqp091.Error, 1))
 	// Returns arrive before the confirm of their message; the channel holds more than can be
 	// outstanding between two drains (see drainReturns), so the broker's reader never blocks.
-	p.returns = ch.NotifyReturn(make(chan amqp091.Return, cfg.MaxUnconfirmed+drainEvery+16))
-	return p, nil
+	p.returns = ch.NotifyReturn(make(chan amqp091.Return, p.cfg.MaxUnconfirmed+drainEvery+16))
+	return nil
 }
 
 // drainEvery is how many publishes Write makes between two looks at returned messages.
 const drainEvery = 256
 
-// publisher is one sink partition: a connection and a channel in confirm mode.
+// publisher is one sink partition: a connection and a channel in confirm mode. After a lost
+// connection or channel it reconnects and publishes again what was not confirmed.
 type publisher[T any] struct {
-	cfg       SinkConfig
-	part      string
-	encode    func(T) (Outgoing, error)
-	conn      *amqp091.Connection
-	ch        *amqp091.Channel
-	closed    chan *amqp091.Error
-	returns   chan amqp091.Return
-	pending   []*amqp091.DeferredConfirmation
-	sinceLook int
-	confirmed uint64
-	err       error // the first failure; every later call returns it
+	cfg        SinkConfig
+	part       string
+	encode     func(T) (Outgoing, error)
+	log        *slog.Logger
+	conn       *amqp091.Connection
+	ch         *amqp091.Channel
+	closed     chan *amqp091.Error // the channel's close
+	connClosed chan *amqp091.Error // the connection's close
+	returns    chan amqp091.Return
+	pending    []outstanding // published, not yet confirmed, in publishing order
+	sinceLook  int
+	confirmed  uint64
+	reconnects int
+	why        *amqp091.Error // why the channel closed, once down
+	down       bool           // the channel or connection is known to be closed
+	err        error          // the first failure; every later call returns it
+}
+
+// outstanding is a published message awaiting its confirm, kept to publish it again on a new
+// channel if the old one dies first.
+type outstanding struct {
+	dc  *amqp091.DeferredConfirmation
+	out Outgoing
 }
 
 func (p *publisher[T]) failf(format string, args ...any) error {
@@ -223,11 +261,9 @@ func (p *publisher[T]) Write(ctx context.Context, batch []T) error {
 		if err != nil {
 			return p.failf("encoding item %s: %w", dataflow.FormatItem(item), err)
 		}
-		dc, err := p.ch.PublishWithDeferredConfirm(o.Exchange, o.RoutingKey, !p.cfg.AllowUnroutable, false, o.Msg)
-		if err != nil {
-			return p.failf("publishing to exchange %q with routing key %q: %w", o.Exchange, o.RoutingKey, p.why(err))
+		if err := p.publish(ctx, o); err != nil {
+			return err
 		}
-		p.pending = append(p.pending, dc)
 		if p.sinceLook++; p.sinceLook >= drainEvery {
 			if err := p.drainReturns(); err != nil {
 				return err
@@ -242,16 +278,117 @@ func (p *publisher[T]) Write(ctx context.Context, batch []T) error {
 	return nil
 }
 
-// why adds the channel's close reason to an error, if the channel is closed.
-func (p *publisher[T]) why(err error) error {
+// publish publishes o, reconnecting first if the channel is lost.
+func (p *publisher[T]) publish(ctx context.Context, o Outgoing) error {
+	for {
+		dc, err := p.ch.PublishWithDeferredConfirm(o.Exchange, o.RoutingKey, !p.cfg.AllowUnroutable, false, o.Msg)
+		if err == nil {
+			p.pending = append(p.pending, outstanding{dc: dc, out: o})
+			return nil
+		}
+		if rerr := p.recover(ctx, fmt.Errorf("publishing to exchange %q with routing key %q: %w", o.Exchange, o.RoutingKey, err), true); rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// lost returns why the channel or its connection closed, and whether it did (a nil reason
+// with true is a close without one, by the client or a dropped socket). The answer is kept
+// until the next connect. With wait, a channel that is not known to be closed yet is given a
+// second to say so: a failed publish means the channel or the connection is going down.
+func (p *publisher[T]) lost(wait bool) (*amqp091.Error, bool) {
+	if p.down {
+		return p.why, true
+	}
 	select {
 	case e := <-p.closed:
-		if e != nil {
-			return fmt.Errorf("%w (the channel was closed: %v)", err, e)
-		}
+		p.why, p.down = e, true
+	case e := <-p.connClosed:
+		p.why, p.down = e, true
 	default:
+		if !wait && !p.ch.IsClosed() && !p.conn.IsClosed() {
+			return nil, false
+		}
+		t := time.NewTimer(time.Second)
+		defer t.Stop()
+		select {
+		case e := <-p.closed:
+			p.why, p.down = e, true
+		case e := <-p.connClosed:
+			p.why, p.down = e, true
+		case <-t.C:
+			p.down = true
+		}
 	}
-	return err
+	return p.why, p.down
+}
+
+// recover handles the failure cause of a publish or a confirm wait. If the channel was lost
+// to something other than a refusal (a dropped connection, a broker restart), it reconnects
+// with back-off for up to SinkConfig.ConfirmTimeout and publishes every unconfirmed message
+// again on the new channel (at least once: the broker may have stored some of them); a
+// refused operation (a missing exchange, access refused) or a channel that is still open
+// fails the publisher.
+func (p *publisher[T]) recover(ctx context.Context, cause error, wait bool) error {
+	why, closed := p.lost(wait)
+	if !closed {
+		return p.failf("%w", cause)
+	}
+	if why != nil && fatal(why) {
+		return p.failf("%w (the channel was closed: %v)", cause, why)
+	}
+	// A return that came before the close still fails the flow.
+	for {
+		if err := p.drainReturns(); err != nil {
+			return err
+		}
+		if len(p.returns) == 0 {
+			break
+		}
+	}
+	deadline := time.Now().Add(p.cfg.ConfirmTimeout)
+	backoff := p.cfg.ReconnectMin
+	for attempt := 1; ; attempt++ {
+		p.conn.Close()
+		err := p.connect(ctx)
+		if err == nil {
+			err = p.republish()
+			if err == nil {
+				p.reconnects++
+				p.log.Warn("amqp sink: lost the connection or channel; reconnected and published the unconfirmed messages again",
+					"publisher", p.part, "cause", cause, "reason", why, "republished", len(p.pending), "attempts", attempt)
+				return nil
+			}
+		}
+		var ae *amqp091.Error
+		if errors.As(err, &ae) && fatal(ae) {
+			return p.failf("reconnecting after %v: %w", cause, err)
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return p.failf("%v; reconnecting failed for %v: %w", cause, p.cfg.ConfirmTimeout, err)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return p.failf("%v; reconnecting: %w", cause, ctx.Err())
+		}
+		backoff = min(2*backoff, p.cfg.ReconnectMax)
+	}
+}
+
+// republish publishes the unconfirmed messages again, in order, on the current channel.
+func (p *publisher[T]) republish() error {
+	for i := range p.pending {
+		o := p.pending[i].out
+		dc, err := p.ch.PublishWithDeferredConfirm(o.Exchange, o.RoutingKey, !p.cfg.AllowUnroutable, false, o.Msg)
+		if err != nil {
+			return err
+		}
+		p.pending[i].dc = dc
+	}
+	return nil
 }
 
 // drainReturns fails on the first message the broker returned as unroutable.
@@ -269,32 +406,44 @@ func (p *publisher[T]) drainReturns() error {
 	}
 }
 
-// await waits for confirms until at most keep messages are unconfirmed.
+// await waits for confirms until at most keep messages are unconfirmed, reconnecting and
+// publishing again when the channel is lost.
 func (p *publisher[T]) await(ctx context.Context, keep int) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
-	n := len(p.pending) - keep
-	for i, dc := range p.pending[:n] {
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return p.failf("%d messages not confirmed after %v: %w", n-i, p.cfg.ConfirmTimeout, err)
-		}
-		if !ok {
-			if e := p.why(errors.New("nacked")); p.ch.IsClosed() {
-				return p.failf("%d messages unconfirmed when the channel closed: %w", n-i, e)
+	for len(p.pending) > keep {
+		n := len(p.pending) - keep
+		done := 0
+		for _, m := range p.pending[:n] {
+			ok, err := m.dc.WaitContext(ctx)
+			if err != nil {
+				return p.failf("%d messages not confirmed after %v: %w", n-done, p.cfg.ConfirmTimeout, err)
 			}
-			return p.failf("the broker nacked a message (delivery tag %d): it may not have been stored", dc.DeliveryTag)
+			if !ok {
+				break
+			}
+			done++
+		}
+		p.confirmed += uint64(done)
+		clear(p.pending[:done])
+		p.pending = append(p.pending[:0], p.pending[done:]...)
+		if done == n {
+			break
+		}
+		// A nack: the broker refused the message, or the channel died.
+		if _, closed := p.lost(false); !closed {
+			return p.failf("the broker nacked a message (delivery tag %d): it may not have been stored", p.pending[0].dc.DeliveryTag)
+		}
+		if err := p.recover(ctx, fmt.Errorf("%d messages unconfirmed when the channel closed", len(p.pending)), false); err != nil {
+			return err
 		}
 	}
-	p.confirmed += uint64(n)
-	clear(p.pending[:n])
-	p.pending = append(p.pending[:0], p.pending[n:]...)
 	return p.drainReturns()
 }
 
 // Snapshot waits until the broker confirmed every message published so far (an error if it
-// nacked one, returned one as unroutable, or the connection was lost) and returns the number
-// of confirmed messages.
+// nacked one, returned one as unroutable, or the connection was lost and could not be made
+// again) and returns the number of confirmed messages.
 func (p *publisher[T]) Snapshot() (uint64, error) {
 	if p.err != nil {
 		return 0, p.err
