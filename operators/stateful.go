@@ -109,7 +109,7 @@ type Logic[V, W, S any] interface {
 	Snapshot() S
 }
 
-// BaseLogic, embedded in a Logic implementation, provides OnNotify, OnEOF and NotifyAt that do
+// BaseLogic provides, embedded in a Logic implementation, OnNotify, OnEOF and NotifyAt that do
 // nothing: no timers, and the Logic is kept (without output) at EOF.
 type BaseLogic[W any] struct{}
 
