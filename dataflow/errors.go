@@ -17,6 +17,7 @@ type ItemError struct {
 	Err  error
 }
 
+// Error returns "item ITEM: ERR".
 func (e *ItemError) Error() string { return fmt.Sprintf("item %s: %v", e.Item, e.Err) }
 
 // Unwrap returns the user function's error.

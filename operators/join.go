@@ -20,6 +20,7 @@ const (
 	InsertProduct
 )
 
+// String returns the constant's name ("InsertLast", ...).
 func (m InsertMode) String() string {
 	switch m {
 	case InsertLast:
@@ -46,6 +47,7 @@ const (
 	EmitRunning
 )
 
+// String returns the constant's name ("EmitComplete", ...).
 func (m EmitMode) String() string {
 	switch m {
 	case EmitComplete:
