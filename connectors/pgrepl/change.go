@@ -183,9 +183,9 @@ type Change struct {
 	// Prefix and Content are those of a Message.
 	Prefix  string
 	Content []byte
-	// FromCopy marks an Insert of the initial copy (Config.InitialCopy): a row that was in
-	// the table when the copy read it, not a change from the stream. It belongs to no
-	// transaction (Xid, CommitLSN, CommitTime and LSN are zero).
+	// FromCopy marks the events of the initial copy (Config.InitialCopy), not changes from
+	// the stream: a Truncate of the copied tables first, then an Insert for every row the
+	// copy read. They belong to no transaction (Xid, CommitLSN, CommitTime and LSN are zero).
 	FromCopy bool
 }
 

@@ -9,9 +9,9 @@ import (
 )
 
 // copyTables is the initial copy (Config.InitialCopy), run by the replication goroutine before
-// replication starts: every row of Config.Tables, read in one REPEATABLE READ READ ONLY
-// transaction (one snapshot, taken after the slot exists), is queued as an Insert with
-// FromCopy set; then a position marker at the replication start LSN ends the copy (Next clears
+// replication starts: a Truncate of Config.Tables, then every row of them, read in one
+// REPEATABLE READ READ ONLY transaction (one snapshot, taken after the slot exists), queued as
+// an Insert; both with FromCopy set; then a position marker at the replication start LSN ends the copy (Next clears
 // State.Copying on it). Values are read in text format and decoded as the stream's are.
 func (p *partition) copyTables(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, p.cfg.DSN)
@@ -24,11 +24,17 @@ func (p *partition) copyTables(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback(context.Background())
-	for _, t := range p.cfg.Tables {
-		rel, err := p.copyRelation(ctx, tx, t)
-		if err != nil {
+	rels := make([]*Relation, len(p.cfg.Tables))
+	for i, t := range p.cfg.Tables {
+		if rels[i], err = p.copyRelation(ctx, tx, t); err != nil {
 			return err
 		}
+	}
+	// The copy replaces what a consumer holds of the tables: rows an earlier copy (of a run
+	// that stopped before its copy was committed) wrote and that are gone from the tables
+	// since would otherwise stay.
+	p.enqueue(Change{Kind: Truncate, Truncated: rels, FromCopy: true}, true)
+	for _, rel := range rels {
 		if err := p.copyRows(ctx, tx, rel); err != nil {
 			return fmt.Errorf("table %s: %w", rel.Name(), err)
 		}

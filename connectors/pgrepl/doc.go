@@ -62,14 +62,20 @@
 // # Initial copy
 //
 // A slot streams only what is committed after it was created. Config.InitialCopy makes a run
-// without recovery state first emit every row of Config.Tables as an Insert with FromCopy set,
-// read in one REPEATABLE READ snapshot taken after the slot exists, and then stream from the
-// slot (replication starts once the copy is done). The changes committed between the slot's
+// without recovery state first emit a Truncate of Config.Tables and then every row of them as
+// an Insert, all with FromCopy set, read in one REPEATABLE READ snapshot taken after the slot
+// exists, and then stream from the slot (replication starts once the copy is done). The
+// Truncate makes a consumer's copy exactly the tables' rows, whatever an earlier, unfinished
+// copy left. The changes committed between the slot's
 // position and the snapshot reach the flow twice, in the copy and from the stream: applied by
 // key, inserts as upserts, they change nothing, so the target converges to the table. While
 // the copy runs, State.Copying is set; a run resumed from such a state copies again, with a
-// new snapshot (what the earlier copy's committed epochs wrote is overwritten by the same
-// rows, or by newer ones).
+// new snapshot, starting with the Truncate again. While a copy runs, a consumer's table holds
+// only part of the rows. One case does not converge but fails loudly: an update that changes
+// a row's key from A to B and leaves a TOASTed column unchanged, committed between the slot's
+// position and the copy's snapshot, when a row with key A exists again at the snapshot; a
+// sink that applies it by the old key then finds both A and B (postgres: a duplicate key
+// error naming the row).
 //
 // # Slots, publications and heartbeats
 //

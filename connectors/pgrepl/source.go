@@ -74,9 +74,9 @@ type Config struct {
 	// MaxBuffered bounds the events decoded but not yet returned by Next; 0 means
 	// DefaultMaxBuffered.
 	MaxBuffered int
-	// InitialCopy, on a run without recovery state, first emits every row of Tables (which
-	// must be set) as an Insert change with FromCopy set, read in one REPEATABLE READ
-	// snapshot taken after the slot exists, and then streams from the slot. Changes committed
+	// InitialCopy, on a run without recovery state, first emits a Truncate of Tables (which
+	// must be set) and every row of them as an Insert, both with FromCopy set, read in one
+	// REPEATABLE READ snapshot taken after the slot exists, and then streams from the slot. Changes committed
 	// between the slot's position and that snapshot are in both, so the consumer must apply
 	// changes by key, inserts as upserts (postgres.FromChange does): the copy then converges
 	// to the source table. A run that stops before the epoch that ends the copy is committed

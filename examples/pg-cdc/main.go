@@ -12,10 +12,12 @@
 // committed in the source table after the slot was created is applied to the target (inserts
 // and updates as upserts, deletes, truncates; changes that the copy already saw are applied
 // again, which upserts make harmless), and each epoch's rows and changes become visible in the
-// target in one transaction once the epoch is committed. A run killed during the copy copies
-// again when it restarts. With -copy-existing=false, rows that were in the table before the
-// slot existed are not copied. A column added to the source table later must be added to the
-// target table too, or the flow stops with an error naming it.
+// target in one transaction once the epoch is committed. The copy starts by emptying the
+// target table, and a run killed during the copy copies again (from an empty table) when it
+// restarts; until the copy is committed the target holds part of the rows. With
+// -copy-existing=false, rows that were in the table before the slot existed are not copied. A
+// column added to the source table later must be added to the target table too, or the flow
+// stops with an error naming it.
 //
 // Killed at any moment and restarted with the same -recovery directory, it carries on without
 // losing or repeating a change. With -idle-exit D it exits 0 once no change has arrived for D
