@@ -71,11 +71,10 @@
 // key, inserts as upserts, they change nothing, so the target converges to the table. While
 // the copy runs, State.Copying is set; a run resumed from such a state copies again, with a
 // new snapshot, starting with the Truncate again. While a copy runs, a consumer's table holds
-// only part of the rows. One case does not converge but fails loudly: an update that changes
-// a row's key from A to B and leaves a TOASTed column unchanged, committed between the slot's
-// position and the copy's snapshot, when a row with key A exists again at the snapshot; a
-// sink that applies it by the old key then finds both A and B (postgres: a duplicate key
-// error naming the row).
+// only part of the rows. Applying the replayed changes "by key, as upserts" includes updates
+// that move a row to another key: a replayed insert may bring back the old row while the copy
+// already holds the new one, so the moved row must replace what is at the new key (the
+// postgres sink does; a plain UPDATE would fail with a duplicate key).
 //
 // # Slots, publications and heartbeats
 //

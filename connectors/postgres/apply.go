@@ -613,8 +613,56 @@ func (a *applier) updateByOldKey(e *enc) error {
 	if len(e.cols) == 0 {
 		return nil
 	}
+	if err := a.replaceTarget(e); err != nil {
+		return err
+	}
 	if _, err := a.q.Exec(a.ctx, b.String(), args...); err != nil {
 		return fmt.Errorf("update of %s (%s): %w", t.ident, e.describe(), err)
+	}
+	return nil
+}
+
+// replaceTarget prepares an update that moves a row to another key: if rows exist at both
+// the old and the new key, the one at the new key goes, so the moved row replaces it, as an
+// upsert would. That never happens to changes applied once, in order; it happens when changes
+// are applied again over newer rows (pgrepl's initial copy replays the changes committed
+// between the slot's position and the copy's snapshot), and then the later changes bring the
+// row up to date.
+func (a *applier) replaceTarget(e *enc) error {
+	t := e.t
+	newKey := make([]pgtype.Text, len(t.key))
+	same := true
+	for i, k := range t.key {
+		v, ok := e.value(k)
+		if !ok {
+			return nil // the key is not set: the row keeps its key
+		}
+		newKey[i] = v
+		if v != e.oldKey[i] {
+			same = false
+		}
+	}
+	if same {
+		return nil
+	}
+	var b strings.Builder
+	args := make([]any, 0, 2*len(t.key))
+	match := func(alias string, vals []pgtype.Text) {
+		for i, k := range t.key {
+			if i > 0 {
+				b.WriteString(" AND ")
+			}
+			args = append(args, vals[i])
+			fmt.Fprintf(&b, "%s%s = $%d::text::%s", alias, t.cols[k].ident, len(args), t.cols[k].typ)
+		}
+	}
+	fmt.Fprintf(&b, "DELETE FROM %s AS n WHERE ", t.ident)
+	match("n.", newKey)
+	fmt.Fprintf(&b, " AND EXISTS (SELECT 1 FROM %s AS o WHERE ", t.ident)
+	match("o.", e.oldKey)
+	b.WriteString(")")
+	if _, err := a.q.Exec(a.ctx, b.String(), args...); err != nil {
+		return fmt.Errorf("update of %s (%s), clearing its new key: %w", t.ident, e.describe(), err)
 	}
 	return nil
 }

@@ -520,3 +520,33 @@ func TestInsertValuesSurviveCopy(t *testing.T) {
 func kv2(table string, k int) Row {
 	return Row{Table: table, Op: Insert, Columns: []string{"k"}, Values: []any{k}}
 }
+
+// An update that moves a row to a key another row holds replaces that row, as an upsert would
+// (it happens when changes are applied again over newer rows: pgrepl's initial copy); a move
+// whose old row is gone leaves the row at the new key alone.
+func TestKeyChangeOverAnExistingRow(t *testing.T) {
+	dsn, conn := newDB(t)
+	exec(t, conn, "CREATE TABLE m (k int PRIMARY KEY, v text, w text)")
+	exec(t, conn, "INSERT INTO m VALUES (1, 'old', 'w1'), (2, 'newer', 'w2'), (5, 'kept', 'w5')")
+	p := open(t, Config{DSN: dsn, Name: "test.move"}, nil)
+	defer p.Close()
+	ctx := context.Background()
+	rows := []Row{
+		// 1 -> 2, w unchanged (not sent): 2 is replaced by the moved row.
+		{Table: "m", Op: Update, Columns: []string{"k", "v"}, Values: []any{2, "moved"}, KeyColumns: []string{"k"}, Key: []any{1}},
+		// 9 -> 5: 9 does not exist, so 5 stays as it is.
+		{Table: "m", Op: Update, Columns: []string{"k", "v"}, Values: []any{5, "ghost"}, KeyColumns: []string{"k"}, Key: []any{9}},
+	}
+	if err := p.Write(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(ctx, seq); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"2 moved w1", "5 kept w5"}
+	eventually(t, "the commit", func() bool { return fmt.Sprint(dump(t, conn, "SELECT k, v, w FROM m")) == fmt.Sprint(want) })
+}
