@@ -50,7 +50,9 @@ type Row struct {
 	Values  []any
 	// KeyColumns and Key, for Update and Delete, name the row to change when that differs
 	// from Values (an update that changes the key): columns and values that include the
-	// table's key columns. nil means the key is taken from Columns and Values.
+	// table's key columns. nil means the key is taken from Columns and Values. An update
+	// that moves the row named by Key to a key another row holds replaces that row, as an
+	// upsert would; if no row has Key, nothing changes.
 	KeyColumns []string
 	Key        []any
 }
