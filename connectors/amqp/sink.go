@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"net"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -177,22 +176,9 @@ func (s *Sink[T]) Build(ctx context.Context, part string, resume *uint64) (dataf
 // connect opens the publisher's connection and channel in confirm mode, with the
 // notifications of closes and returned messages.
 func (p *publisher[T]) connect(ctx context.Context) error {
-	props := amqp091.NewConnectionProperties()
-	props.SetClientConnectionName("epochflow " + p.part)
-	conn, err := amqp091.DialConfig(p.cfg.URL, amqp091.Config{
-		Heartbeat: 10 * time.Second, Locale: "en_US", Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: dialTimeout}
-			nc, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			nc.SetDeadline(time.Now().Add(dialTimeout))
-			return nc, nil
-		},
-	})
+	conn, err := dialBroker(ctx, p.cfg.URL, "epochflow "+p.part, false)
 	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", redact(p.cfg.URL), err)
+		return err
 	}
 	ch, err := conn.Channel()
 	if err == nil {
@@ -338,13 +324,8 @@ func (p *publisher[T]) recover(ctx context.Context, cause error, wait bool) erro
 		return p.failf("%w (the channel was closed: %v)", cause, why)
 	}
 	// A return that came before the close still fails the flow.
-	for {
-		if err := p.drainReturns(); err != nil {
-			return err
-		}
-		if len(p.returns) == 0 {
-			break
-		}
+	if err := p.drainReturns(); err != nil {
+		return err
 	}
 	deadline := time.Now().Add(p.cfg.ConfirmTimeout)
 	backoff := p.cfg.ReconnectMin

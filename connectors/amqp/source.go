@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"runtime"
 	"strings"
@@ -311,28 +310,9 @@ func (s *session) close() {
 
 // connect opens a session of the live generation.
 func (c *consumer[T]) connect() (*session, error) {
-	props := amqp091.NewConnectionProperties()
-	props.SetClientConnectionName(fmt.Sprintf("epochflow %s %s", c.cfg.Queue, c.part))
-	ctx := c.ctx
-	conn, err := amqp091.DialConfig(c.cfg.URL, amqp091.Config{
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-		Properties: props,
-		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: dialTimeout}
-			nc, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// Bound the handshake (amqp091 clears the deadline once it is done) and cut
-			// the connection when the consumer is closed.
-			nc.SetDeadline(time.Now().Add(dialTimeout))
-			context.AfterFunc(ctx, func() { nc.Close() })
-			return nc, nil
-		},
-	})
+	conn, err := dialBroker(c.ctx, c.cfg.URL, fmt.Sprintf("epochflow %s %s", c.cfg.Queue, c.part), true)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %w", redact(c.cfg.URL), err)
+		return nil, err
 	}
 	fail := func(what string, err error) (*session, error) {
 		conn.Close()

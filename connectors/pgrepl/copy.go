@@ -78,9 +78,7 @@ func (p *partition) copyRelation(ctx context.Context, tx pgx.Tx, t string) (*Rel
 			rows.Close()
 			return nil, err
 		}
-		if c.TypeName = p.typeNames[c.Type]; c.TypeName == "" {
-			c.TypeName = p.dec.typeName(c.Type)
-		}
+		c.TypeName = p.typeName(c.Type)
 		rel.Columns = append(rel.Columns, c)
 	}
 	if err := rows.Err(); err != nil {

@@ -767,11 +767,7 @@ func (p *partition) handle(walStart LSN, data []byte) error {
 		rel := &Relation{ID: m.RelationID, Schema: m.Namespace, Table: m.RelationName,
 			ReplicaIdentity: ReplicaIdentity(m.ReplicaIdentity), Columns: make([]Column, len(m.Columns))}
 		for i, c := range m.Columns {
-			name := p.typeNames[c.DataType]
-			if name == "" {
-				name = p.dec.typeName(c.DataType)
-			}
-			rel.Columns[i] = Column{Name: c.Name, Type: c.DataType, TypeName: name, TypeMod: c.TypeModifier, Key: c.Flags&1 != 0}
+			rel.Columns[i] = Column{Name: c.Name, Type: c.DataType, TypeName: p.typeName(c.DataType), TypeMod: c.TypeModifier, Key: c.Flags&1 != 0}
 		}
 		p.rels[m.RelationID] = rel
 	case *pglogrepl.TypeMessage:
@@ -865,6 +861,14 @@ func (p *partition) handle(walStart LSN, data []byte) error {
 		p.push(Change{Kind: Message, LSN: walStart, Prefix: m.Prefix, Content: append([]byte(nil), m.Content...)})
 	}
 	return nil
+}
+
+// typeName names a type: as a Type message described it, else as pgx knows it, else "".
+func (p *partition) typeName(oid uint32) string {
+	if name := p.typeNames[oid]; name != "" {
+		return name
+	}
+	return p.dec.typeName(oid)
 }
 
 func oldKind(t uint8) OldKind {

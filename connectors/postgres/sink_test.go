@@ -103,6 +103,22 @@ func eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// commitEpoch writes rows as one epoch: Write, Snapshot (the prepare) and Commit.
+func commitEpoch(t testing.TB, p *partition, rows []Row) {
+	t.Helper()
+	ctx := context.Background()
+	if err := p.Write(ctx, rows); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(ctx, seq); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func kv(table string, op Op, k int, v any) Row {
 	return Row{Table: table, Op: op, Columns: []string{"k", "v"}, Values: []any{k, v}}
 }
@@ -388,14 +404,7 @@ func TestFromMapAndStruct(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Write(context.Background(), []Row{r, FromMap("t", Upsert, map[string]any{"k": 2, "v": "two"})}); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Commit(context.Background(), seq)
+	commitEpoch(t, p, []Row{r, FromMap("t", Upsert, map[string]any{"k": 2, "v": "two"})})
 	eventually(t, "the rows", func() bool { return fmt.Sprint(dump(t, conn, "SELECT k, v FROM t")) == "[1 one 2 two]" })
 	if _, err := FromStruct("t", Insert, 3); err == nil {
 		t.Error("FromStruct of an int: no error")
@@ -480,16 +489,7 @@ func TestInsertValuesSurviveCopy(t *testing.T) {
 		rows = append(rows, Row{Table: "c", Op: Insert, Columns: cols,
 			Values: []any{i, v, []byte{0, '\t', '\\', byte(i)}, []int32{int32(i), -1}, map[string]any{"s": "q\"\t\\"}, ts}})
 	}
-	if err := p.Write(ctx, rows); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Commit(ctx, seq); err != nil {
-		t.Fatal(err)
-	}
+	commitEpoch(t, p, rows)
 	eventually(t, "the commit", func() bool { return len(prepared(t, conn)) == 0 })
 	for i, v := range texts {
 		var got *string
@@ -530,23 +530,13 @@ func TestKeyChangeOverAnExistingRow(t *testing.T) {
 	exec(t, conn, "INSERT INTO m VALUES (1, 'old', 'w1'), (2, 'newer', 'w2'), (5, 'kept', 'w5')")
 	p := open(t, Config{DSN: dsn, Name: "test.move"}, nil)
 	defer p.Close()
-	ctx := context.Background()
 	rows := []Row{
 		// 1 -> 2, w unchanged (not sent): 2 is replaced by the moved row.
 		{Table: "m", Op: Update, Columns: []string{"k", "v"}, Values: []any{2, "moved"}, KeyColumns: []string{"k"}, Key: []any{1}},
 		// 9 -> 5: 9 does not exist, so 5 stays as it is.
 		{Table: "m", Op: Update, Columns: []string{"k", "v"}, Values: []any{5, "ghost"}, KeyColumns: []string{"k"}, Key: []any{9}},
 	}
-	if err := p.Write(ctx, rows); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := p.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Commit(ctx, seq); err != nil {
-		t.Fatal(err)
-	}
+	commitEpoch(t, p, rows)
 	want := []string{"2 moved w1", "5 kept w5"}
 	eventually(t, "the commit", func() bool { return fmt.Sprint(dump(t, conn, "SELECT k, v, w FROM m")) == fmt.Sprint(want) })
 }
