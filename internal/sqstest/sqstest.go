@@ -8,10 +8,11 @@
 // (it answers a plain-text 400), ApproximateReceiveCount stays 1, deleting with a stale receipt
 // handle fails with a wrong code, and visibility timeouts are checked once a second.
 //
-// The client it returns hides the request body's io.WriterTo from the HTTP transport: on
-// loopback goaws can answer before the request is fully written, and without the wrapper
-// aws-sdk-go-v2 takes the early answer as a failed write and silently retries ReceiveMessage,
-// whose first messages then come back after their visibility timeout, like a consumer bug.
+// The client it returns is connectors/sqs.NewClient's for an endpoint, which hides the request
+// body's io.WriterTo from the HTTP transport: on loopback goaws can answer before the request
+// is fully written, and without the wrapper aws-sdk-go-v2 takes the early answer as a failed
+// write and silently retries ReceiveMessage, whose first messages then come back after their
+// visibility timeout, like a consumer bug.
 package sqstest
 
 import (
@@ -32,11 +33,14 @@ import (
 	"github.com/Admiral-Piett/goaws/app/models"
 	"github.com/Admiral-Piett/goaws/app/router"
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/sirupsen/logrus"
 	"go.uber.org/goleak"
+
+	epsqs "github.com/epochflow/epochflow/connectors/sqs"
 )
 
 // Region is the region the emulator and its clients use.
@@ -113,34 +117,17 @@ func (e *Emulator) Close() {
 	}
 }
 
-// NewClient returns an SQS client of the endpoint with dummy credentials, in Region, whose HTTP
-// transport sees request bodies as plain io.ReadClosers (see the package doc).
+// NewClient returns the client connectors/sqs.NewClient makes for the endpoint (with its
+// transport that hides request bodies' io.WriterTo, see the package doc), in Region, with
+// dummy credentials. It panics if the client cannot be made (a broken AWS configuration in the
+// environment).
 func NewClient(endpoint string) *sqs.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 64
-	return sqs.New(sqs.Options{
-		Region:       Region,
-		BaseEndpoint: aws.String(endpoint),
-		Credentials:  credentials.NewStaticCredentialsProvider("x", "x", ""),
-		HTTPClient:   &http.Client{Transport: PlainBodies(tr)},
-	})
-}
-
-// PlainBodies wraps an HTTP transport so that the request body it sees is a plain
-// io.ReadCloser, hiding any io.WriterTo (see the package doc for why).
-func PlainBodies(base http.RoundTripper) http.RoundTripper { return plainBodies{base} }
-
-type plainBodies struct{ base http.RoundTripper }
-
-type plainBody struct{ io.ReadCloser }
-
-func (t plainBodies) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Body != nil && r.Body != http.NoBody {
-		r2 := *r
-		r2.Body = plainBody{r.Body}
-		r = &r2
+	c, err := epsqs.NewClient(context.Background(), endpoint, config.WithRegion(Region),
+		config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("x", "x", "")))
+	if err != nil {
+		panic(fmt.Sprintf("sqstest: %v", err))
 	}
-	return t.base.RoundTrip(r)
+	return c
 }
 
 // QueueOptions says how NewQueue creates a queue.
