@@ -3,7 +3,6 @@ package pgrepl
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,23 +10,11 @@ import (
 	"github.com/epochflow/epochflow/dataflow"
 	"github.com/epochflow/epochflow/internal/pgtest"
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 )
 
 var cluster *pgtest.Cluster
 
-func TestMain(m *testing.M) {
-	cluster = pgtest.MustStart()
-	code := m.Run()
-	cluster.Stop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtest.Main(m, &cluster) }
 
 var slotSeq atomic.Int64
 

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -11,24 +10,12 @@ import (
 
 	"github.com/epochflow/epochflow/internal/pgtest"
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 )
 
 var cluster *pgtest.Cluster
 
-func TestMain(m *testing.M) {
-	cluster = pgtest.MustStart()
-	code := m.Run()
-	cluster.Stop()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtest.Main(m, &cluster) }
 
 func newDB(t testing.TB) (string, *pgx.Conn) {
 	t.Helper()

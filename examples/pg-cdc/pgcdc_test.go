@@ -19,12 +19,7 @@ import (
 
 var cluster *pgtest.Cluster
 
-func TestMain(m *testing.M) {
-	cluster = pgtest.MustStart()
-	code := m.Run()
-	cluster.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { pgtest.Main(m, &cluster) }
 
 func buildBinary(t *testing.T) string {
 	t.Helper()

@@ -36,9 +36,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 )
 
 // Cluster is a running throwaway PostgreSQL cluster.
@@ -98,14 +100,25 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// MustStart is Start that panics on failure (for TestMain, where a failure must fail the run).
-func MustStart() *Cluster {
-	c, err := Start()
+// Main runs a test binary's tests with a throwaway cluster: it starts one, sets *c to it, runs
+// m, stops it, then checks that no goroutine is left over (go.uber.org/goleak), and exits. Use
+// it as TestMain's body. A failure to start the cluster fails the binary (it never skips).
+func Main(m *testing.M, c **Cluster) {
+	cl, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		panic(err)
+		os.Exit(1)
 	}
-	return c
+	*c = cl
+	code := m.Run()
+	cl.Stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left over after the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // Start creates and starts a cluster. It takes about two seconds. Stop it with Stop.
