@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -89,17 +90,14 @@ func (p *partition) copyRelation(ctx context.Context, tx pgx.Tx, t string) (*Rel
 
 // copyRows queues every row of rel, waiting while the queue is full.
 func (p *partition) copyRows(ctx context.Context, tx pgx.Tx, rel *Relation) error {
-	q := "SELECT "
-	for i, c := range rel.Columns {
-		if i > 0 {
-			q += ", "
-		}
-		q += QuoteIdent(c.Name)
-	}
-	q += " FROM ONLY " + rel.Name()
 	if len(rel.Columns) == 0 {
 		return nil
 	}
+	cols := make([]string, len(rel.Columns))
+	for i, c := range rel.Columns {
+		cols[i] = QuoteIdent(c.Name)
+	}
+	q := "SELECT " + strings.Join(cols, ", ") + " FROM ONLY " + rel.Name()
 	// Text format, as pgoutput sends values, so that both decode alike.
 	rr := tx.Conn().PgConn().ExecParams(ctx, q, nil, nil, nil, []int16{0})
 	for rr.NextRow() {
