@@ -45,14 +45,22 @@ type ledger struct {
 	pending []epochSpans
 	live    uint64 // generations below live are dead: their tags are forgotten
 	held    int    // deliveries recorded and not yet committed or forgotten
+	lastGen uint64 // the generation and tag of the last delivery recorded
+	lastTag uint64
 }
 
 // deliver records a delivery of the open epoch. Tags of one generation must arrive in
-// increasing order (the broker numbers a channel's deliveries 1, 2, 3 ...).
-func (l *ledger) deliver(gen, tag uint64, reject bool) {
+// increasing order (the broker numbers a channel's deliveries 1, 2, 3 ...); one that does not is
+// refused with an error and not recorded, since a multiple ack past it could cover a message of
+// a later epoch.
+func (l *ledger) deliver(gen, tag uint64, reject bool) error {
 	if gen < l.live {
-		return
+		return nil
 	}
+	if gen == l.lastGen && tag <= l.lastTag {
+		return fmt.Errorf("delivery tag %d of channel generation %d arrived after tag %d (out of order: a bug)", tag, gen, l.lastTag)
+	}
+	l.lastGen, l.lastTag = gen, tag
 	var s *span
 	if n := len(l.open); n > 0 && l.open[n-1].gen == gen {
 		s = &l.open[n-1]
@@ -67,6 +75,7 @@ func (l *ledger) deliver(gen, tag uint64, reject bool) {
 	}
 	s.n++
 	l.held++
+	return nil
 }
 
 // snapshot closes the open epoch and returns its sequence number.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -89,7 +90,9 @@ func TestLedgerProperty(t *testing.T) {
 				d := delivered{gen: b.gen, tag: b.next, reject: reject}
 				b.outstanding[b.next] = true
 				b.next++
-				l.deliver(d.gen, d.tag, d.reject)
+				if err := l.deliver(d.gen, d.tag, d.reject); err != nil {
+					t.Fatal(err)
+				}
 				open = append(open, d)
 			case 4: // the end of an epoch
 				seq := l.snapshot()
@@ -250,5 +253,34 @@ func TestFatal(t *testing.T) {
 		if got := fatal(c.err); got != c.fatal {
 			t.Errorf("fatal(%v) = %v, want %v", c.err, got, c.fatal)
 		}
+	}
+}
+
+// A tag that does not increase within a generation is refused, not recorded: acking past it
+// could cover a message of a later epoch.
+func TestLedgerRefusesTagsOutOfOrder(t *testing.T) {
+	var l ledger
+	l.setLive(1)
+	for _, tag := range []uint64{1, 2, 5} {
+		if err := l.deliver(1, tag, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tag := range []uint64{5, 3} {
+		if err := l.deliver(1, tag, false); err == nil || !strings.Contains(err.Error(), "out of order") {
+			t.Fatalf("deliver(tag %d after 5) = %v, want an out-of-order error", tag, err)
+		}
+	}
+	l.setLive(2)
+	if err := l.deliver(2, 1, false); err != nil {
+		t.Fatalf("a new generation starts again at tag 1: %v", err)
+	}
+	seq := l.snapshot()
+	ops, err := l.commit(seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []ackOp{{gen: 2, tag: 1}}; !slices.Equal(ops, want) {
+		t.Fatalf("commit = %v, want %v (the dead generation's tags dropped)", ops, want)
 	}
 }

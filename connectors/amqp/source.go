@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -232,6 +233,7 @@ func (s *Source[T]) Build(ctx context.Context, part string, resume *uint64) (dat
 		onSession: s.onSession,
 		wake:      make(chan struct{}, 1),
 		kick:      make(chan struct{}, 1),
+		rearm:     make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		exited:    make(chan struct{}),
 		gen:       1,
@@ -262,6 +264,13 @@ type delivery struct {
 
 // consumer is one source partition: a connection with one channel consuming the queue, run by
 // a goroutine of its own, and the bookkeeping of what Next returned, owned by the worker.
+//
+// The deliveries of a session are read by one goroutine at a time, so that they stay in the
+// broker's order (a multiple ack at a commit must cover no message of a later epoch). While the
+// queue is quiet the consumer's goroutine waits on them; when one arrives it hands it, and the
+// stream, to the worker (serveOwns false), and the worker's Next reads what follows directly,
+// without a hop through the goroutine, until the stream runs dry; then it hands the stream back
+// (serveOwns true, a signal on rearm).
 type consumer[T any] struct {
 	cfg       SourceConfig
 	part      string
@@ -282,16 +291,21 @@ type consumer[T any] struct {
 	cancel context.CancelFunc
 	wake   chan struct{} // Wait: deliveries (or an error, or the idle end) arrived
 	kick   chan struct{} // ops were queued for the goroutine
+	rearm  chan struct{} // the worker handed the stream back to the goroutine
+	seen   atomic.Int64  // when the worker last read a delivery (Unix ns), for IdleExit
 	done   chan struct{} // closed by Close
 	exited chan struct{} // closed when the goroutine has ended
 	once   sync.Once
 
-	mu   sync.Mutex // guards the fields below, shared with the goroutine
-	buf  []delivery
-	ops  []ackOp
-	gen  uint64 // the live channel generation; lower ones are dead
-	err  error  // a failure that stops the flow
-	idle bool   // IdleExit reached
+	mu        sync.Mutex // guards the fields below, shared with the goroutine
+	buf       []delivery
+	ops       []ackOp
+	gen       uint64 // the live channel generation; lower ones are dead
+	err       error  // a failure that stops the flow
+	idle      bool   // IdleExit reached
+	stream    <-chan amqp091.Delivery
+	streamGen uint64 // the generation of stream
+	serveOwns bool   // the goroutine reads stream; else the worker does
 }
 
 // session is one connection and channel consuming the queue.
@@ -463,11 +477,13 @@ func (c *consumer[T]) signal() {
 	}
 }
 
-// maxGrab bounds the deliveries moved to the buffer under one lock.
-const maxGrab = 512
+// maxDrain bounds the deliveries one Next reads from the stream.
+const maxDrain = 2048
 
-// maxYields is how many times in a row the consumer lets the library's goroutines run without a
-// new delivery before it hands what it has to the worker.
+// maxYields is how many times in a row Next lets the library's goroutines run without a new
+// delivery before it hands the stream back to the consumer's goroutine: under load that turns
+// one wake-up of the worker per message or two into one per batch, at no cost in latency when
+// the queue is quiet (while yielding keeps bringing messages, Next keeps yielding).
 const maxYields = 3
 
 // serve consumes and acknowledges on one session until it dies (the error says why) or the
@@ -481,45 +497,31 @@ func (c *consumer[T]) serve(s *session) error {
 		defer idle.Stop()
 		idleC = idle.C
 	}
-	grab := make([]delivery, 0, maxGrab)
+	c.mu.Lock()
+	c.stream, c.streamGen, c.serveOwns = s.deliveries, s.gen, true
+	c.mu.Unlock()
+	watch := s.deliveries // nil while the worker reads the stream
 	for {
 		select {
-		case d, ok := <-s.deliveries:
+		case d, ok := <-watch:
 			if !ok {
 				return c.closedWhy(s, "the broker cancelled the consumer")
 			}
-			grab = append(grab[:0], delivery{gen: s.gen, d: d})
-			// Take what else has arrived, letting the library's goroutines run once when
-			// nothing has: under load that turns one wake-up of the worker per message or
-			// two into one per batch, at no cost in latency when the queue is quiet.
-			// While yielding keeps bringing messages, keep yielding (up to maxYields in a
-			// row without one): a busy queue fills a batch; a quiet one costs one yield.
-			yields := 0
-		more:
-			for len(grab) < maxGrab {
-				select {
-				case d, ok := <-s.deliveries:
-					if !ok {
-						break more
-					}
-					grab = append(grab, delivery{gen: s.gen, d: d})
-					yields = 0
-				default:
-					if yields == maxYields {
-						break more
-					}
-					yields++
-					runtime.Gosched()
-				}
-			}
 			c.mu.Lock()
-			c.buf = append(c.buf, grab...)
+			c.buf = append(c.buf, delivery{gen: s.gen, d: d})
+			c.serveOwns = false
 			c.mu.Unlock()
-			clear(grab)
+			watch = nil
 			c.signal()
 			if idle != nil {
 				last = time.Now()
 			}
+		case <-c.rearm:
+			c.mu.Lock()
+			if c.serveOwns && c.streamGen == s.gen {
+				watch = s.deliveries
+			}
+			c.mu.Unlock()
 		case <-c.kick:
 			if err := c.sendOps(s); err != nil {
 				return err
@@ -529,6 +531,9 @@ func (c *consumer[T]) serve(s *session) error {
 		case e := <-s.connClosed:
 			return closeErr("the connection was closed", e)
 		case <-idleC:
+			if seen := time.Unix(0, c.seen.Load()); seen.After(last) {
+				last = seen
+			}
 			if wait := c.cfg.IdleExit - time.Since(last); wait > 0 {
 				idle.Reset(wait)
 				continue
@@ -629,6 +634,7 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 	buf := c.buf
 	c.buf = c.spare[:0]
 	err, idle, live := c.err, c.idle, c.gen
+	stream, sgen, owns := c.stream, c.streamGen, !c.serveOwns
 	c.mu.Unlock()
 	defer func() {
 		clear(buf)
@@ -637,6 +643,9 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 	if err != nil {
 		c.told = true
 		return nil, err
+	}
+	if owns {
+		buf = c.drain(buf, stream, sgen)
 	}
 	c.led.setLive(live)
 	var out []T
@@ -656,10 +665,14 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 			}
 			c.log.Warn("amqp source: message rejected by the decode function; it goes to the queue's dead-letter exchange when its epoch commits",
 				"message_id", m.MessageId, "routing_key", m.RoutingKey, "redelivered", m.Redelivered, "error", derr)
-			c.led.deliver(d.gen, d.d.DeliveryTag, true)
+			if err := c.led.deliver(d.gen, d.d.DeliveryTag, true); err != nil {
+				return nil, fmt.Errorf("amqp source: queue %q: %w", c.cfg.Queue, err)
+			}
 			continue
 		}
-		c.led.deliver(d.gen, d.d.DeliveryTag, false)
+		if err := c.led.deliver(d.gen, d.d.DeliveryTag, false); err != nil {
+			return nil, fmt.Errorf("amqp source: queue %q: %w", c.cfg.Queue, err)
+		}
 		out = append(out, v)
 	}
 	if c.led.outstanding() >= c.cfg.Prefetch {
@@ -669,6 +682,55 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 		return nil, io.EOF
 	}
 	return out, nil
+}
+
+// drain appends to buf the deliveries waiting on stream (of generation gen), which the worker
+// reads while it holds it, and hands the stream back to the consumer's goroutine once it is
+// dry (after maxYields yields that brought nothing) or closed. After maxDrain deliveries it
+// keeps the stream and signals Wait, to be called again.
+func (c *consumer[T]) drain(buf []delivery, stream <-chan amqp091.Delivery, gen uint64) []delivery {
+	yields, n := 0, 0
+	defer func() {
+		if n > 0 {
+			c.seen.Store(time.Now().UnixNano())
+		}
+	}()
+	for n < maxDrain {
+		select {
+		case d, ok := <-stream:
+			if !ok {
+				c.giveBack(gen)
+				return buf
+			}
+			buf = append(buf, delivery{gen: gen, d: d})
+			n++
+			yields = 0
+		default:
+			if yields == maxYields {
+				c.giveBack(gen)
+				return buf
+			}
+			yields++
+			runtime.Gosched()
+		}
+	}
+	c.signal()
+	return buf
+}
+
+// giveBack hands the stream of generation gen back to the consumer's goroutine, unless a new
+// session has replaced it.
+func (c *consumer[T]) giveBack(gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.streamGen != gen || c.serveOwns {
+		return
+	}
+	c.serveOwns = true
+	select {
+	case c.rearm <- struct{}{}:
+	default:
+	}
 }
 
 // decodeSafe calls decode, turning a panic into an error.

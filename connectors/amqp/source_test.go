@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -531,3 +532,53 @@ func (f sinkFunc) Build(context.Context, dataflow.Worker) (dataflow.WorkerSink[M
 }
 func (f sinkFunc) Write(_ context.Context, b []Message) error { f(b); return nil }
 func (f sinkFunc) Close() error                               { return nil }
+
+// Messages published in bursts with pauses between them, so that the worker reads some runs of
+// them straight off the stream and hands it back to the consumer's goroutine when it runs dry,
+// many times: the flow sees every message once, in the order published, with short epochs
+// committing all the while (an out-of-order tag fails the run), and the queue ends empty.
+func TestOrderAcrossHandoffs(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	q := newQueue(t, nil)
+	const n = 5000
+	conn := dial(t)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := 0; i < n; {
+			for end := min(i+1+rng.IntN(300), n); i < end; i++ {
+				if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp091.Publishing{Body: []byte(strconv.Itoa(i))}); err != nil {
+					published <- err
+					return
+				}
+			}
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		}
+		published <- nil
+	}()
+	out := &collectInts{}
+	if err := dataflow.Run(withTimeout(t, 2*time.Minute),
+		flowOf(ConsumeDecoded(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: time.Second}, decodeInt), dataflow.ToDynamic[int](out)),
+		dataflow.Options{EpochInterval: 5 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+	if len(out.v) != n {
+		t.Fatalf("read %d messages, want %d", len(out.v), n)
+	}
+	for i, v := range out.v {
+		if v != i {
+			t.Fatalf("message %d is %d: out of order", i, v)
+		}
+	}
+	if r, u := counts(t, q); r != 0 || u != 0 {
+		t.Fatalf("queue: %d ready, %d unacked; want 0 and 0", r, u)
+	}
+}
