@@ -199,12 +199,18 @@ const benchEpoch = 20 * time.Millisecond
 // flow's source), and with a bare consumer that acks late like the flow but has no flow
 // around it (lateAck: one multiple ack every benchEpoch). Each consumer starts on a freshly filled queue, filled outside the timed
 // region. The broker shares this machine's cores and its speed varies from one queue to the
-// next, so each case runs three rounds in rotating order and reports the median of each
+// next, so each case runs five rounds in rotating order and reports the median of each
 // consumer. "persistent" is a durable queue of persistent messages (what a production queue
 // holds); "transient" keeps the messages in the broker's memory. Ratios above 1 mean the flow
 // is faster. The CPU figures (client and broker, per message) say where the time goes: a
 // broker that tracks unacknowledged messages spends more per message than one that forgets
-// them on delivery (autoAck), whoever acknowledges. Run it once:
+// them on delivery (autoAck), whoever acknowledges. The broker also has two speeds that a run
+// falls into at random (its CPU per message about 8 or about 12.5 µs, transient messages,
+// whichever consumer reads): the rounds and medians keep one lucky run from deciding a
+// ratio. The targets of the issue that asked for this benchmark, flow/autoack ≥ 0.8 and
+// flow/ackeach ≥ 1.5, hold for "persistent", the queue at-least-once delivery is for; with
+// transient messages an autoAck consumer costs the broker so little that no consumer that
+// acknowledges comes near it (see lateack-msg/s). Run it once:
 //
 //	go test ./connectors/amqp -run '^$' -bench Consume -benchtime 1x
 func BenchmarkConsume(b *testing.B) {
@@ -213,7 +219,7 @@ func BenchmarkConsume(b *testing.B) {
 		persistent bool
 	}{{"persistent", true}, {"transient", false}} {
 		b.Run(c.name, func(b *testing.B) {
-			const rounds = 3
+			const rounds = 5
 			names := []string{"flow", "autoAck", "ack-each", "late-ack"}
 			consumers := []func(q string){
 				func(q string) { viaFlow(b, q, benchEpoch) },
