@@ -26,8 +26,9 @@ func (p *partition) copyTables(ctx context.Context) error {
 	}
 	defer tx.Rollback(context.Background())
 	rels := make([]*Relation, len(p.cfg.Tables))
+	partitioned := make([]bool, len(p.cfg.Tables))
 	for i, t := range p.cfg.Tables {
-		if rels[i], err = p.copyRelation(ctx, tx, t); err != nil {
+		if rels[i], partitioned[i], err = p.copyRelation(ctx, tx, t); err != nil {
 			return err
 		}
 	}
@@ -35,8 +36,8 @@ func (p *partition) copyTables(ctx context.Context) error {
 	// that stopped before its copy was committed) wrote and that are gone from the tables
 	// since would otherwise stay.
 	p.enqueue(Change{Kind: Truncate, Truncated: rels, FromCopy: true}, true)
-	for _, rel := range rels {
-		if err := p.copyRows(ctx, tx, rel); err != nil {
+	for i, rel := range rels {
+		if err := p.copyRows(ctx, tx, rel, partitioned[i]); err != nil {
 			return fmt.Errorf("table %s: %w", rel.Name(), err)
 		}
 	}
@@ -45,17 +46,17 @@ func (p *partition) copyTables(ctx context.Context) error {
 }
 
 // copyRelation describes table t as pgoutput would: its columns (not dropped ones, in order)
-// and which of them form the replica identity.
-func (p *partition) copyRelation(ctx context.Context, tx pgx.Tx, t string) (*Relation, error) {
+// and which of them form the replica identity; and says whether it is a partitioned table.
+func (p *partition) copyRelation(ctx context.Context, tx pgx.Tx, t string) (*Relation, bool, error) {
 	rel := &Relation{}
-	var ident string
-	err := tx.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname, c.relreplident::text FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, t).Scan(&rel.ID, &rel.Schema, &rel.Table, &ident)
+	var ident, kind string
+	err := tx.QueryRow(ctx, `SELECT c.oid, n.nspname, c.relname, c.relreplident::text, c.relkind::text FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, t).Scan(&rel.ID, &rel.Schema, &rel.Table, &ident, &kind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("table %q does not exist", t)
+		return nil, false, fmt.Errorf("table %q does not exist", t)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("looking up table %q: %w", t, err)
+		return nil, false, fmt.Errorf("looking up table %q: %w", t, err)
 	}
 	rel.ReplicaIdentity = ReplicaIdentity(ident[0])
 	// The key columns: those of the primary key (DEFAULT) or of the replica identity index
@@ -71,25 +72,29 @@ func (p *partition) copyRelation(ctx context.Context, tx pgx.Tx, t string) (*Rel
 		FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
 			AND a.attgenerated = '' ORDER BY a.attnum`, rel.ID, ident)
 	if err != nil {
-		return nil, fmt.Errorf("table %s: reading its columns: %w", rel.Name(), err)
+		return nil, false, fmt.Errorf("table %s: reading its columns: %w", rel.Name(), err)
 	}
 	for rows.Next() {
 		var c Column
 		if err := rows.Scan(&c.Name, &c.Type, &c.TypeMod, &c.Key); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, false, err
 		}
 		c.TypeName = p.typeName(c.Type)
 		rel.Columns = append(rel.Columns, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("table %s: reading its columns: %w", rel.Name(), err)
+		return nil, false, fmt.Errorf("table %s: reading its columns: %w", rel.Name(), err)
 	}
-	return rel, nil
+	return rel, kind == "p", nil
 }
 
-// copyRows queues every row of rel, waiting while the queue is full.
-func (p *partition) copyRows(ctx context.Context, tx pgx.Tx, rel *Relation) error {
+// copyRows queues every row of rel, waiting while the queue is full. The rows of a
+// partitioned table are those of all its partitions, copied as the table's (the publication
+// streams their changes as the table's too: prepare requires publish_via_partition_root); those
+// of any other table are its own, not its inheritance children's (the stream has those as
+// their own tables' changes).
+func (p *partition) copyRows(ctx context.Context, tx pgx.Tx, rel *Relation, partitioned bool) error {
 	if len(rel.Columns) == 0 {
 		return nil
 	}
@@ -97,7 +102,11 @@ func (p *partition) copyRows(ctx context.Context, tx pgx.Tx, rel *Relation) erro
 	for i, c := range rel.Columns {
 		cols[i] = QuoteIdent(c.Name)
 	}
-	q := "SELECT " + strings.Join(cols, ", ") + " FROM ONLY " + rel.Name()
+	from := " FROM ONLY "
+	if partitioned {
+		from = " FROM "
+	}
+	q := "SELECT " + strings.Join(cols, ", ") + from + rel.Name()
 	// Text format, as pgoutput sends values, so that both decode alike.
 	rr := tx.Conn().PgConn().ExecParams(ctx, q, nil, nil, nil, []int16{0})
 	for rr.NextRow() {

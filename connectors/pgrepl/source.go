@@ -48,7 +48,10 @@ type Config struct {
 	Publication string
 	// Tables, if set, are the tables ("table" or "schema.table") the flow needs: each must
 	// exist and be covered by the publication, or Build fails naming it. CreatePublication
-	// creates the publication FOR TABLE these.
+	// creates the publication FOR TABLE these. A partitioned table needs a publication with
+	// publish_via_partition_root (CreatePublication sets it), so that the changes of its
+	// partitions come as the table's and InitialCopy copies the rows of all its partitions
+	// as the table's; Build fails naming the table otherwise.
 	Tables []string
 	// CreateSlot creates the slot (pgoutput) when it does not exist; otherwise a missing slot
 	// is an error. A created slot starts at the current end of WAL: changes committed before
@@ -217,10 +220,11 @@ func (p *partition) prepare(ctx context.Context) (LSN, error) {
 	cfg := &p.cfg
 	db := p.admin
 	var tables []string // quoted names
+	var partitioned []string
 	for _, t := range cfg.Tables {
-		var schema, name string
-		err := db.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-			WHERE c.oid = to_regclass($1)`, t).Scan(&schema, &name)
+		var schema, name, kind string
+		err := db.QueryRow(ctx, `SELECT n.nspname, c.relname, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.oid = to_regclass($1)`, t).Scan(&schema, &name, &kind)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, fmt.Errorf("pgrepl: table %q does not exist in the source database", t)
 		}
@@ -228,9 +232,12 @@ func (p *partition) prepare(ctx context.Context) (LSN, error) {
 			return 0, fmt.Errorf("pgrepl: looking up table %q: %w", t, err)
 		}
 		tables = append(tables, QuoteIdent(schema)+"."+QuoteIdent(name))
+		if kind == "p" {
+			partitioned = append(partitioned, t)
+		}
 	}
-	var allTables bool
-	err := db.QueryRow(ctx, "SELECT puballtables FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&allTables)
+	var allTables, viaRoot bool
+	err := db.QueryRow(ctx, "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&allTables, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !cfg.CreatePublication {
 			return 0, fmt.Errorf("pgrepl: publication %q does not exist (create it with CREATE PUBLICATION, or set CreatePublication)", cfg.Publication)
@@ -241,11 +248,22 @@ func (p *partition) prepare(ctx context.Context) (LSN, error) {
 		} else {
 			q += " FOR ALL TABLES"
 		}
+		if len(partitioned) > 0 {
+			// A partitioned table's changes then come as the table's, not as those of
+			// partitions the flow does not know by name.
+			q += " WITH (publish_via_partition_root = true)"
+			viaRoot = true
+		}
 		if _, err := db.Exec(ctx, q); err != nil {
 			return 0, fmt.Errorf("pgrepl: creating publication %q: %w", cfg.Publication, err)
 		}
 	} else if err != nil {
 		return 0, fmt.Errorf("pgrepl: looking up publication %q: %w", cfg.Publication, err)
+	}
+	if len(partitioned) > 0 && !viaRoot {
+		return 0, fmt.Errorf("pgrepl: table %q is partitioned, and publication %q streams its changes as those of its partitions, under their names: "+
+			"ALTER PUBLICATION %s SET (publish_via_partition_root = true) to have them as the table's, or name the partitions in Config.Tables",
+			partitioned[0], cfg.Publication, QuoteIdent(cfg.Publication))
 	}
 	for i, t := range cfg.Tables {
 		var covered bool
