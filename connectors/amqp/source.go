@@ -510,11 +510,17 @@ func (c *consumer[T]) serve(s *session) error {
 			c.mu.Lock()
 			c.buf = append(c.buf, delivery{gen: s.gen, d: d})
 			c.serveOwns = false
+			wasIdle := c.idle
+			c.idle = false // a message came after all: not the end
 			c.mu.Unlock()
 			watch = nil
 			c.signal()
 			if idle != nil {
 				last = time.Now()
+				if wasIdle {
+					idle.Reset(c.cfg.IdleExit)
+					idleC = idle.C
+				}
 			}
 		case <-c.rearm:
 			c.mu.Lock()
@@ -531,6 +537,12 @@ func (c *consumer[T]) serve(s *session) error {
 		case e := <-s.connClosed:
 			return closeErr("the connection was closed", e)
 		case <-idleC:
+			if watch == nil {
+				// The worker holds the stream: deliveries are flowing (or wait for a
+				// worker held up downstream), which is not idleness.
+				idle.Reset(c.cfg.IdleExit)
+				continue
+			}
 			if seen := time.Unix(0, c.seen.Load()); seen.After(last) {
 				last = seen
 			}
@@ -678,8 +690,8 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 	if c.led.outstanding() >= c.cfg.Prefetch {
 		c.atLimit()
 	}
-	if len(buf) == 0 && idle {
-		return nil, io.EOF
+	if len(buf) == 0 && idle && !owns {
+		return nil, io.EOF // the goroutine watches the stream, and nothing came
 	}
 	return out, nil
 }

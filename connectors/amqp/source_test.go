@@ -582,3 +582,34 @@ func TestOrderAcrossHandoffs(t *testing.T) {
 		t.Fatalf("queue: %d ready, %d unacked; want 0 and 0", r, u)
 	}
 }
+
+// IdleExit ends a drain only when nothing arrives, not when the flow is busy: a sink that holds
+// the worker for several IdleExit periods while thousands of delivered messages wait in the
+// client (the broker reports no ready message: they are all prefetched) must not end the
+// stream before every message is read.
+func TestIdleExitWaitsForABusyWorker(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	q := newQueue(t, nil)
+	const n = 3000
+	publish(t, q, false, numbered(n)...)
+	var got int
+	slow := true
+	sink := dataflow.ToDynamic[Message](sinkFunc(func(b []Message) {
+		got += len(b)
+		if slow {
+			slow = false
+			time.Sleep(500 * time.Millisecond)
+		}
+	}))
+	if err := dataflow.Run(withTimeout(t, time.Minute),
+		flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 100 * time.Millisecond}), sink),
+		dataflow.Options{EpochInterval: 20 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if got != n {
+		t.Fatalf("the stream ended after %d of %d messages", got, n)
+	}
+	if r, u := counts(t, q); r != 0 || u != 0 {
+		t.Fatalf("queue: %d ready, %d unacked; want 0 and 0", r, u)
+	}
+}
