@@ -247,6 +247,10 @@ func BenchmarkConsume(b *testing.B) {
 			b.ReportMetric(flow.rate/auto.rate, "flow/autoack")
 			b.ReportMetric(flow.rate/each.rate, "flow/ackeach")
 			b.ReportMetric(flow.rate/late.rate, "flow/lateack")
+			// The ceiling of the two targets: what a consumer that acks late can reach at
+			// best against each baseline on this broker.
+			b.ReportMetric(late.rate/auto.rate, "lateack/autoack")
+			b.ReportMetric(late.rate/each.rate, "lateack/ackeach")
 			// Total CPU per message, client and broker: the cost that bounds the rate on a
 			// machine where both share the cores, whatever else runs there.
 			cost := func(r result) float64 { return r.clientCPU + r.brokerCPU }
