@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -292,7 +291,6 @@ type consumer[T any] struct {
 	wake   chan struct{} // Wait: deliveries (or an error, or the idle end) arrived
 	kick   chan struct{} // ops were queued for the goroutine
 	rearm  chan struct{} // the worker handed the stream back to the goroutine
-	seen   atomic.Int64  // when the worker last read a delivery (Unix ns), for IdleExit
 	done   chan struct{} // closed by Close
 	exited chan struct{} // closed when the goroutine has ended
 	once   sync.Once
@@ -526,6 +524,7 @@ func (c *consumer[T]) serve(s *session) error {
 			c.mu.Lock()
 			if c.serveOwns && c.streamGen == s.gen {
 				watch = s.deliveries
+				last = time.Now() // the worker read until the stream ran dry, just now
 			}
 			c.mu.Unlock()
 		case <-c.kick:
@@ -542,9 +541,6 @@ func (c *consumer[T]) serve(s *session) error {
 				// worker held up downstream), which is not idleness.
 				idle.Reset(c.cfg.IdleExit)
 				continue
-			}
-			if seen := time.Unix(0, c.seen.Load()); seen.After(last) {
-				last = seen
 			}
 			if wait := c.cfg.IdleExit - time.Since(last); wait > 0 {
 				idle.Reset(wait)
@@ -702,11 +698,6 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 // keeps the stream and signals Wait, to be called again.
 func (c *consumer[T]) drain(buf []delivery, stream <-chan amqp091.Delivery, gen uint64) []delivery {
 	yields, n := 0, 0
-	defer func() {
-		if n > 0 {
-			c.seen.Store(time.Now().UnixNano())
-		}
-	}()
 	for n < maxDrain {
 		select {
 		case d, ok := <-stream:

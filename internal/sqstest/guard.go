@@ -45,14 +45,15 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.next.ServeHTTP(w, r)
 }
 
-// action is the SQS action of a JSON-protocol request ("AmazonSQS.CreateQueue" gives
-// "CreateQueue") or of a query-protocol one (its Action parameter).
+// action is the SQS action of a request, read as goaws reads it: from X-Amz-Target for the
+// JSON protocol ("AmazonSQS.CreateQueue" gives "CreateQueue"), else from the Action form value
+// (query protocol).
 func action(r *http.Request) string {
 	if t := r.Header.Get("X-Amz-Target"); t != "" {
 		_, a, _ := strings.Cut(t, ".")
 		return a
 	}
-	return r.URL.Query().Get("Action")
+	return r.FormValue("Action")
 }
 
 // longPoll waits as a ReceiveMessage request asks (its WaitTimeSeconds, or the queue's
