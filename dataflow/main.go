@@ -37,8 +37,12 @@ func Main(flow *Flow) {
 //	-log-level L        EPOCHFLOW_LOG_LEVEL       debug, info, warn or error (default info)
 //	-graph                                        print the flow as a Mermaid chart and exit
 //
-// The first SIGINT or SIGTERM stops the flow gracefully: sources stop reading, the open epoch
-// is finished and committed, the last Commits are called, and the program exits 0. A second
+// A malformed environment variable is an error (exit 2) that names it, unless its flag is given.
+// When the flow starts, the program logs "running" with its settings.
+//
+// The first SIGINT or SIGTERM stops the flow gracefully, even one that arrives while the
+// program is still starting (opening the store): sources stop reading, the open epoch is
+// finished and committed, the last Commits are called, and the program exits 0. A second
 // signal aborts at once (exit 1); with -recovery, the next run resumes from the last commit.
 //
 // For crash tests, EPOCHFLOW_CRASH_AT=POINT:N kills the process with SIGKILL the Nth time the
@@ -49,18 +53,28 @@ func MainFunc(build func() (*Flow, error)) {
 
 // mainFunc is MainFunc without the process: it returns the exit code.
 func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build func() (*Flow, error)) int {
-	workers := fs.Int("workers", envInt("EPOCHFLOW_WORKERS", 1), "workers in this process (env EPOCHFLOW_WORKERS)")
-	interval := fs.Duration("epoch-interval", envDuration("EPOCHFLOW_EPOCH_INTERVAL", DefaultEpochInterval),
+	env := envReader{}
+	workers := fs.Int("workers", env.int("workers", "EPOCHFLOW_WORKERS", 1), "workers in this process (env EPOCHFLOW_WORKERS)")
+	interval := fs.Duration("epoch-interval", env.duration("epoch-interval", "EPOCHFLOW_EPOCH_INTERVAL", DefaultEpochInterval),
 		"how often each worker closes its epoch (env EPOCHFLOW_EPOCH_INTERVAL)")
 	level := fs.String("log-level", envString("EPOCHFLOW_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env EPOCHFLOW_LOG_LEVEL)")
 	graph := fs.Bool("graph", false, "print the flow as a Mermaid chart and exit")
 	recoveryDir := fs.String("recovery", envString("EPOCHFLOW_RECOVERY", ""),
 		"recovery store directory, created if missing (env EPOCHFLOW_RECOVERY); without it a crash loses the flow's state")
-	backup := fs.Duration("backup-interval", envDuration("EPOCHFLOW_BACKUP_INTERVAL", 0),
+	backup := fs.Duration("backup-interval", env.duration("backup-interval", "EPOCHFLOW_BACKUP_INTERVAL", 0),
 		"how long a snapshot is kept after a newer one of the same key is committed (env EPOCHFLOW_BACKUP_INTERVAL)")
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	// A malformed variable is an error unless its flag, which wins, was given.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, e := range env.bad {
+		if !set[e.flag] {
+			fmt.Fprintln(stderr, e.msg)
+			return 2
+		}
 	}
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(*level)); err != nil {
@@ -84,37 +98,13 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		fmt.Fprintf(stderr, "invalid EPOCHFLOW_CRASH_AT: %v\n", err)
 		return 2
 	}
-	flow, err := build()
-	if err == nil && flow == nil {
-		err = fmt.Errorf("the build function returned no flow")
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "epochflow: %v\n", err)
-		return 1
-	}
-	if *graph {
-		fmt.Fprint(stdout, flow.Mermaid())
-		return 0
-	}
+	// Signals are caught before anything slow (building the flow, opening the store), so a
+	// SIGTERM that lands while the program starts up still stops it gracefully.
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
-	opts := Options{Workers: *workers, EpochInterval: *interval, Logger: logger, CrashHook: crash}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if *recoveryDir != "" {
-		store, err := recovery.OpenSQLite(ctx, *recoveryDir, recovery.SQLiteOptions{BackupInterval: *backup})
-		if err != nil {
-			fmt.Fprintf(stderr, "epochflow: -recovery %s: %v\n", *recoveryDir, err)
-			return 1
-		}
-		defer store.Close()
-		opts.Recovery = store
-	} else {
-		logger.Info("running without a recovery store: a crash loses the flow's state and progress; use -recovery DIR to keep them", "flow", flow.Name())
-	}
-
 	// The first signal stops gracefully, the second aborts.
 	stop := make(chan struct{})
-	opts.Stop = stop
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -135,6 +125,32 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		case <-watchDone:
 		}
 	}()
+
+	flow, err := build()
+	if err == nil && flow == nil {
+		err = fmt.Errorf("the build function returned no flow")
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "epochflow: %v\n", err)
+		return 1
+	}
+	if *graph {
+		fmt.Fprint(stdout, flow.Mermaid())
+		return 0
+	}
+	opts := Options{Workers: *workers, EpochInterval: *interval, Logger: logger, CrashHook: crash, Stop: stop}
+	if *recoveryDir != "" {
+		store, err := recovery.OpenSQLite(ctx, *recoveryDir, recovery.SQLiteOptions{BackupInterval: *backup})
+		if err != nil {
+			fmt.Fprintf(stderr, "epochflow: -recovery %s: %v\n", *recoveryDir, err)
+			return 1
+		}
+		defer store.Close()
+		opts.Recovery = store
+	} else {
+		logger.Info("running without a recovery store: a crash loses the flow's state and progress; use -recovery DIR to keep them", "flow", flow.Name())
+	}
+	logger.Info("running", "flow", flow.Name(), "workers", *workers, "epoch_interval", *interval, "recovery", *recoveryDir)
 	if err := Run(ctx, flow, opts); err != nil {
 		fmt.Fprintf(stderr, "epochflow: %v\n", err)
 		return 1
@@ -177,11 +193,21 @@ func envString(name, def string) string {
 	return def
 }
 
-func envInt(name string, def int) int {
+// envReader reads the defaults of the engine's flags from the environment and keeps each
+// malformed variable, so that mainFunc can refuse it by name.
+type envReader struct {
+	bad []envError
+}
+
+type envError struct {
+	flag, msg string
+}
+
+func (e *envReader) int(flagName, name string, def int) int {
 	if v, ok := os.LookupEnv(name); ok {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "epochflow: ignoring %s=%q: not a number\n", name, v)
+			e.bad = append(e.bad, envError{flagName, fmt.Sprintf("invalid value %q for %s (flag -%s): want a whole number", v, name, flagName)})
 			return def
 		}
 		return n
@@ -189,11 +215,11 @@ func envInt(name string, def int) int {
 	return def
 }
 
-func envDuration(name string, def time.Duration) time.Duration {
+func (e *envReader) duration(flagName, name string, def time.Duration) time.Duration {
 	if v, ok := os.LookupEnv(name); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "epochflow: ignoring %s=%q: not a duration\n", name, v)
+			e.bad = append(e.bad, envError{flagName, fmt.Sprintf("invalid value %q for %s (flag -%s): want a duration such as 500ms", v, name, flagName)})
 			return def
 		}
 		return d

@@ -71,3 +71,33 @@ func TestMainReportsBuildAndRunErrors(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
 }
+
+// A malformed EPOCHFLOW_* variable stops the program with an error that names it, unless the
+// flag it stands for is given (the flag wins); a well-formed one is used.
+func TestMainEnvironment(t *testing.T) {
+	for _, c := range []struct {
+		name, value string
+		args        []string
+		code        int
+		err         string
+	}{
+		{name: "EPOCHFLOW_WORKERS", value: "two", code: 2, err: `invalid value "two" for EPOCHFLOW_WORKERS (flag -workers)`},
+		{name: "EPOCHFLOW_WORKERS", value: "two", args: []string{"-workers", "2"}, code: 0},
+		{name: "EPOCHFLOW_WORKERS", value: "0", code: 2, err: "-workers"},
+		{name: "EPOCHFLOW_WORKERS", value: " 3 ", code: 0},
+		{name: "EPOCHFLOW_EPOCH_INTERVAL", value: "5", code: 2, err: `invalid value "5" for EPOCHFLOW_EPOCH_INTERVAL (flag -epoch-interval)`},
+		{name: "EPOCHFLOW_EPOCH_INTERVAL", value: "5ms", code: 0},
+		{name: "EPOCHFLOW_BACKUP_INTERVAL", value: "soon", code: 2, err: "EPOCHFLOW_BACKUP_INTERVAL"},
+		{name: "EPOCHFLOW_LOG_LEVEL", value: "loud", code: 2, err: "-log-level"},
+	} {
+		t.Run(c.name+"="+c.value, func(t *testing.T) {
+			t.Setenv(c.name, c.value)
+			var stdout, stderr bytes.Buffer
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			code := mainFunc(fs, c.args, &stdout, &stderr, func() (*Flow, error) { return smallFlow(), nil })
+			if code != c.code || !strings.Contains(stderr.String(), c.err) {
+				t.Errorf("%v: exit %d, stderr %q; want exit %d, %q", c.args, code, stderr.String(), c.code, c.err)
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -225,20 +226,31 @@ func TestWordcountSIGTERMStopsAndResumes(t *testing.T) {
 	args := []string{"-input", input, "-output", out, "-recovery", rec, "-epoch-interval", "50ms", "-workers", "2"}
 
 	// The signal must land while the flow runs: a run that finished first (a fast machine)
-	// is thrown away and the next one is signalled sooner.
+	// is thrown away and the next one is signalled sooner. The delay counts from the
+	// "running" line, so a slow start (a loaded CI machine) does not eat it.
 	var stderr bytes.Buffer
-	for _, delay := range []time.Duration{300 * time.Millisecond, 150 * time.Millisecond, 60 * time.Millisecond, 20 * time.Millisecond} {
+	for _, delay := range []time.Duration{300 * time.Millisecond, 150 * time.Millisecond, 60 * time.Millisecond, 20 * time.Millisecond, 0} {
 		os.RemoveAll(rec)
 		os.Remove(out)
-		stderr.Reset()
+		w := newWatchWriter("msg=running")
 		cmd := exec.Command(bin, args...)
-		cmd.Stderr = &stderr
+		cmd.Stderr = w
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(delay)
-		cmd.Process.Signal(syscall.SIGTERM)
-		if err := cmd.Wait(); err != nil {
+		wait := make(chan error, 1)
+		go func() { wait <- cmd.Wait() }()
+		var err error
+		select {
+		case <-w.seen:
+			time.Sleep(delay)
+			cmd.Process.Signal(syscall.SIGTERM)
+			err = <-wait
+		case err = <-wait:
+		}
+		stderr.Reset()
+		stderr.WriteString(w.String())
+		if err != nil {
 			t.Fatalf("after SIGTERM: %v, want exit 0\n%s", err, stderr.String())
 		}
 		if strings.Contains(stderr.String(), "stopping") {
@@ -302,4 +314,35 @@ func TestSecondRunOnAStoreInUseIsRefused(t *testing.T) {
 	if d := diff(readSorted(t, filepath.Join(dir, "out1.txt")), []string{"a\t2", "b\t1"}); d != "" {
 		t.Fatalf("first run wrote: %s", d)
 	}
+}
+
+// watchWriter collects what a process writes and closes seen when a line containing want
+// has been written; it is safe for the process's copying goroutine and the test to share.
+type watchWriter struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+	done bool
+}
+
+func newWatchWriter(want string) *watchWriter {
+	return &watchWriter{want: want, seen: make(chan struct{})}
+}
+
+func (w *watchWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.want) {
+		w.done = true
+		close(w.seen)
+	}
+	return len(p), nil
+}
+
+func (w *watchWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
