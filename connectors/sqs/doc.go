@@ -17,7 +17,11 @@
 // State and epochs: a partition's snapshot is only a sequence number (the number of epochs it
 // has ended). In memory it keeps the receipt handles of the messages in flight per sequence
 // number: Commit(seq) hands every message of the epochs up to seq to the partition's manager
-// goroutine, which deletes them with DeleteMessageBatch (ten per call) and returns at once.
+// goroutine, which deletes them with DeleteMessageBatch (ten per call, five calls out at once, as
+// the AWS buffered SQS client does) and returns at once. Receiving waits while the deletes are
+// behind (a hundred messages waiting or out, or the oldest within half a visibility timeout of
+// its deadline; counted in Stats.DeletePauses): a partition that received faster than it deletes
+// would see its committed messages come again before their deletes reached SQS.
 // Failed delete calls and failed entries are retried with back-off (and counted in Stats); after
 // maxFailures (8) failures in a row the partition reports the error through Next or Commit,
 // which stops the flow (the messages are not lost: SQS delivers them again). A delete SQS refuses

@@ -34,6 +34,10 @@ const (
 	closeTimeout = 20 * time.Second
 	// deleteCallsPerRound bounds the delete calls between two looks at the visibility deadlines.
 	deleteCallsPerRound = 20
+	// deleteConcurrency is how many DeleteMessageBatch calls a partition has out at once (the
+	// AWS SQS buffered client sends 5 outbound batches at a time by default). One at a time, a
+	// partition deletes 10 messages per round trip, less than it can receive.
+	deleteConcurrency = 5
 	// ErrorAttribute is the message attribute that carries the decode error of a message sent
 	// to the dead-letter queue.
 	ErrorAttribute = "epochflow.error"
@@ -146,6 +150,7 @@ type Stats struct {
 	VisibilityLost int64 // messages whose visibility could not be extended (stale, or 12 h reached): they come again
 	Released       int64 // uncommitted messages made visible again at Close
 	ReceiveErrors  int64 // failed receive calls
+	DeletePauses   int64 // times receiving paused because deletes of committed messages fell behind their visibility deadlines
 	// SingleVisibilityCalls is true once the endpoint refused ChangeMessageVisibilityBatch
 	// (goaws does) and extensions went to single ChangeMessageVisibility calls.
 	SingleVisibilityCalls bool
@@ -153,7 +158,7 @@ type Stats struct {
 
 type counters struct {
 	received, emitted, rejected, deadLettered, deleted, staleDeletes, deleteRetries,
-	extended, extendRetries, visibilityLost, released, receiveErrors atomic.Int64
+	extended, extendRetries, visibilityLost, released, receiveErrors, deletePauses atomic.Int64
 }
 
 // Source reads an SQS queue (see the package doc for partitions, state, commits and delivery).
@@ -207,7 +212,7 @@ func (s *Source[T]) Stats() Stats {
 		DeadLettered: c.deadLettered.Load(), Deleted: c.deleted.Load(), StaleDeletes: c.staleDeletes.Load(),
 		DeleteRetries: c.deleteRetries.Load(), Extended: c.extended.Load(), ExtendRetries: c.extendRetries.Load(),
 		VisibilityLost: c.visibilityLost.Load(), Released: c.released.Load(), ReceiveErrors: c.receiveErrors.Load(),
-		SingleVisibilityCalls: s.singleVis.Load(),
+		DeletePauses: c.deletePauses.Load(), SingleVisibilityCalls: s.singleVis.Load(),
 	}
 }
 
@@ -329,6 +334,7 @@ type partition[T any] struct {
 	closed   bool
 	delFails int
 	delRetry time.Time
+	deleting int // messages the manager took from deletes and has not finished deleting
 }
 
 func signal(c chan struct{}) {
@@ -449,11 +455,13 @@ func (p *partition[T]) receive() {
 	for p.recv.Err() == nil {
 		p.mu.Lock()
 		room := s.cfg.maxInFlight - p.led.inFlight()
+		behind := p.deletesBehind(time.Now())
 		p.mu.Unlock()
-		if room <= 0 {
-			select {
-			case <-p.room:
-			case <-p.recv.Done():
+		if room <= 0 || behind {
+			if behind {
+				s.stats.deletePauses.Add(1)
+			}
+			if !p.pause() {
 				return
 			}
 			lastMsg = time.Now() // a pause at the cap is no idleness of the queue
@@ -515,6 +523,33 @@ func (p *partition[T]) receive() {
 			signal(p.kick)
 		}
 	}
+}
+
+// deletesBehind says whether the deletes of committed messages are behind: more are waiting
+// or out than two rounds of concurrent delete calls, or the oldest waiting one is within half a
+// visibility timeout of its deadline. Receiving more then would only add deletes behind them:
+// past its deadline a message comes again, its delete is refused as stale, and a partition that
+// receives faster than it deletes ends up redelivering everything. So the receiver waits for
+// the deletes to catch up. The caller holds p.mu.
+func (p *partition[T]) deletesBehind(now time.Time) bool {
+	if len(p.deletes)+p.deleting >= 2*10*deleteConcurrency {
+		return true
+	}
+	return len(p.deletes) > 0 && p.deletes[0].deadline.Sub(now) < p.src.vis/2
+}
+
+// pause waits until the manager frees room (a delete or a given-up message), 100 ms at most,
+// and reports whether the receiver should go on.
+func (p *partition[T]) pause() bool {
+	t := time.NewTimer(100 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-p.room:
+	case <-t.C:
+	case <-p.recv.Done():
+		return false
+	}
+	return true
 }
 
 // backoff is the pause after the nth failure in a row: 100 ms doubling up to 5 s.
@@ -646,6 +681,7 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 		n := min(len(p.deletes), 10*deleteCallsPerRound)
 		dels = append(dels, p.deletes[:n]...)
 		p.deletes = p.deletes[n:]
+		p.deleting = n
 		more = len(p.deletes) > 0
 	}
 	var sends []dlqItem
@@ -669,16 +705,20 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 		p.extend(p.bg, reqs)
 	}
 	defer func() {
+		p.mu.Lock()
+		p.deleting = 0
 		if len(dels) > 0 { // the partition is closing: Close deletes them
-			p.mu.Lock()
 			p.deletes = append(dels, p.deletes...)
-			p.mu.Unlock()
 		}
+		p.mu.Unlock()
 	}()
 	for len(dels) > 0 && p.bg.Err() == nil {
-		n := min(10, len(dels))
-		retry, err := p.deleteBatch(p.bg, dels[:n])
+		n := min(10*deleteConcurrency, len(dels))
+		retry, err := p.deleteBatches(p.bg, dels[:n])
 		dels = dels[n:]
+		p.mu.Lock()
+		p.deleting = len(dels)
+		p.mu.Unlock()
 		if p.bg.Err() != nil {
 			dels = append(retry, dels...)
 			return false
@@ -708,6 +748,37 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 		p.sendDead(d)
 	}
 	return more
+}
+
+// deleteBatches deletes es with up to deleteConcurrency DeleteMessageBatch calls at once, and
+// returns once every call has answered: the entries to try again, in their order, with the
+// first error of a call that failed as a whole.
+func (p *partition[T]) deleteBatches(ctx context.Context, es []*entry) ([]*entry, error) {
+	if len(es) <= 10 {
+		return p.deleteBatch(ctx, es)
+	}
+	type result struct {
+		retry []*entry
+		err   error
+	}
+	results := make([]result, (len(es)+9)/10)
+	var wg sync.WaitGroup
+	for i := range results {
+		batch := es[i*10 : min(i*10+10, len(es))]
+		wg.Go(func() {
+			results[i].retry, results[i].err = p.deleteBatch(ctx, batch)
+		})
+	}
+	wg.Wait()
+	var retry []*entry
+	var err error
+	for _, r := range results {
+		retry = append(retry, r.retry...)
+		if err == nil {
+			err = r.err
+		}
+	}
+	return retry, err
 }
 
 // deleteBatch deletes up to 10 messages with DeleteMessageBatch. It returns the entries to try

@@ -530,3 +530,47 @@ func TestIdleLongPolls(t *testing.T) {
 		t.Errorf("after the stop: %d visible, %d in flight", vis, fl)
 	}
 }
+
+// slowDeletes answers every DeleteMessageBatch call after a delay, as a queue in a far region
+// would, so that one partition can receive faster than it deletes.
+type slowDeletes struct {
+	*awssqs.Client
+	delay time.Duration
+}
+
+func (s *slowDeletes) DeleteMessageBatch(ctx context.Context, in *awssqs.DeleteMessageBatchInput, opts ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Client.DeleteMessageBatch(ctx, in, opts...)
+}
+
+// A partition that receives faster than its deletes go out does not run past them: receiving
+// waits while the oldest committed message is near its visibility deadline, so every delete
+// lands in time and no message is delivered twice. Without the wait, the delete backlog grows
+// past the visibility timeout and the messages come again, stale delete after stale delete.
+func TestReceivingWaitsForDeletes(t *testing.T) {
+	q := emu.MustQueue(t, "slowdel", sqstestQueue{Visibility: 2 * time.Second})
+	const n = 1500
+	send(t, q, numbered("d", n)...)
+	client := &slowDeletes{Client: emu.Client, delay: 100 * time.Millisecond}
+	src := sqs.NewSource(client, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
+		sqs.WaitTime(time.Second), sqs.IdleExit(2*time.Second), sqs.Logger(quiet))
+	sink := flowtest.NewSink[sqs.Message]()
+	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 50 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	st := src.Stats()
+	if len(sink.Items()) != n || st.StaleDeletes != 0 || st.Received != n {
+		t.Errorf("wrote %d of %d messages; stats %+v: want each received once, no stale delete", len(sink.Items()), n, st)
+	}
+	if st.DeletePauses == 0 {
+		t.Errorf("stats %+v: the receiver never waited for the deletes (the test did not make them fall behind)", st)
+	}
+	if vis, fl := counts(t, q); vis+fl != 0 {
+		t.Errorf("after the run: %d visible, %d in flight", vis, fl)
+	}
+	t.Logf("stats %+v", st)
+}
