@@ -150,7 +150,7 @@ type Stats struct {
 	VisibilityLost int64 // messages whose visibility could not be extended (stale, or 12 h reached): they come again
 	Released       int64 // uncommitted messages made visible again at Close
 	ReceiveErrors  int64 // failed receive calls
-	DeletePauses   int64 // times receiving paused because deletes of committed messages fell behind their visibility deadlines
+	DeletePauses   int64 // times receiving paused because the deletes of committed messages were behind (see the package doc)
 	// SingleVisibilityCalls is true once the endpoint refused ChangeMessageVisibilityBatch
 	// (goaws does) and extensions went to single ChangeMessageVisibility calls.
 	SingleVisibilityCalls bool
@@ -452,6 +452,7 @@ func (p *partition[T]) receive() {
 	s := p.src
 	lastMsg := time.Now()
 	fails := 0
+	waitingForDeletes := false
 	for p.recv.Err() == nil {
 		p.mu.Lock()
 		room := s.cfg.maxInFlight - p.led.inFlight()
@@ -459,14 +460,19 @@ func (p *partition[T]) receive() {
 		p.mu.Unlock()
 		if room <= 0 || behind {
 			if behind {
-				s.stats.deletePauses.Add(1)
+				if !waitingForDeletes {
+					s.stats.deletePauses.Add(1)
+				}
+				signal(p.kick) // the manager may be asleep with deletes waiting
 			}
+			waitingForDeletes = behind
 			if !p.pause() {
 				return
 			}
-			lastMsg = time.Now() // a pause at the cap is no idleness of the queue
+			lastMsg = time.Now() // a pause is no idleness of the queue: it was not asked
 			continue
 		}
+		waitingForDeletes = false
 		wait := s.cfg.waitTime
 		if s.cfg.idleExit > 0 {
 			left := s.cfg.idleExit - time.Since(lastMsg)
@@ -526,20 +532,26 @@ func (p *partition[T]) receive() {
 }
 
 // deletesBehind says whether the deletes of committed messages are behind: more are waiting
-// or out than two rounds of concurrent delete calls, or the oldest waiting one is within half a
-// visibility timeout of its deadline. Receiving more then would only add deletes behind them:
-// past its deadline a message comes again, its delete is refused as stale, and a partition that
-// receives faster than it deletes ends up redelivering everything. So the receiver waits for
-// the deletes to catch up. The caller holds p.mu.
+// or out than two rounds of concurrent delete calls, or one waiting is within half a visibility
+// timeout of its deadline. Receiving more then would only add deletes behind them: past its
+// deadline a message comes again, its delete is refused as stale, and a partition that receives
+// faster than it deletes ends up redelivering everything. So the receiver waits for the deletes
+// to catch up. The caller holds p.mu.
 func (p *partition[T]) deletesBehind(now time.Time) bool {
 	if len(p.deletes)+p.deleting >= 2*10*deleteConcurrency {
 		return true
 	}
-	return len(p.deletes) > 0 && p.deletes[0].deadline.Sub(now) < p.src.vis/2
+	for _, e := range p.deletes { // fewer than 100
+		if e.deadline.Sub(now) < p.src.vis/2 {
+			return true
+		}
+	}
+	return false
 }
 
-// pause waits until the manager frees room (a delete or a given-up message), 100 ms at most,
-// and reports whether the receiver should go on.
+// pause waits until the manager frees room (a delete, or a message given up), 100 ms at most,
+// and reports whether the receiver should go on. The receiver pauses at MaxInFlight and while
+// the deletes are behind.
 func (p *partition[T]) pause() bool {
 	t := time.NewTimer(100 * time.Millisecond)
 	defer t.Stop()
@@ -714,35 +726,35 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 	}()
 	for len(dels) > 0 && p.bg.Err() == nil {
 		n := min(10*deleteConcurrency, len(dels))
-		retry, err := p.deleteBatches(p.bg, dels[:n])
+		retry, progress, err := p.deleteBatches(p.bg, dels[:n])
 		dels = dels[n:]
-		p.mu.Lock()
-		p.deleting = len(dels)
-		p.mu.Unlock()
 		if p.bg.Err() != nil {
 			dels = append(retry, dels...)
 			return false
 		}
-		if len(retry) > 0 {
-			p.mu.Lock()
-			p.deletes = append(append(retry, dels...), p.deletes...)
-			dels = nil
-			if err != nil {
-				p.delFails++
-				p.delRetry = time.Now().Add(backoff(p.delFails))
-				if p.delFails >= maxFailures {
-					if p.err == nil {
-						p.err = p.errorf("partition %s: deleting messages of committed epochs failed %d times in a row (they will be delivered again): %w", p.key, p.delFails, err)
-					}
-					signal(p.wake)
-				}
-			}
-			p.mu.Unlock()
-			return false
-		}
 		p.mu.Lock()
-		p.delFails, p.delRetry = 0, time.Time{}
+		p.deleting = len(dels)
+		if len(retry) == 0 {
+			p.delFails, p.delRetry = 0, time.Time{}
+			p.mu.Unlock()
+			continue
+		}
+		// Some deletes failed: they go back to the front, to be tried again after a back-off
+		// that grows while no delete at all gets through.
+		p.deletes = append(append(retry, dels...), p.deletes...)
+		dels = nil
+		p.deleting = 0
+		if progress {
+			p.delFails = 0
+		}
+		p.delFails++
+		p.delRetry = time.Now().Add(backoff(p.delFails))
+		if (p.delFails >= maxFailures || permanent(err)) && p.err == nil {
+			p.err = p.errorf("partition %s: deleting messages of committed epochs failed (%d in a row; they will be delivered again): %w", p.key, p.delFails, err)
+			signal(p.wake)
+		}
 		p.mu.Unlock()
+		return false
 	}
 	for _, d := range sends {
 		p.sendDead(d)
@@ -751,11 +763,12 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 }
 
 // deleteBatches deletes es with up to deleteConcurrency DeleteMessageBatch calls at once, and
-// returns once every call has answered: the entries to try again, in their order, with the
-// first error of a call that failed as a whole.
-func (p *partition[T]) deleteBatches(ctx context.Context, es []*entry) ([]*entry, error) {
+// returns once every call has answered: the entries to try again, in their order, whether any
+// entry was settled (deleted, or given up as stale), and the first error.
+func (p *partition[T]) deleteBatches(ctx context.Context, es []*entry) (retry []*entry, progress bool, err error) {
 	if len(es) <= 10 {
-		return p.deleteBatch(ctx, es)
+		retry, err = p.deleteBatch(ctx, es)
+		return retry, len(retry) < len(es), err
 	}
 	type result struct {
 		retry []*entry
@@ -770,19 +783,17 @@ func (p *partition[T]) deleteBatches(ctx context.Context, es []*entry) ([]*entry
 		})
 	}
 	wg.Wait()
-	var retry []*entry
-	var err error
 	for _, r := range results {
 		retry = append(retry, r.retry...)
 		if err == nil {
 			err = r.err
 		}
 	}
-	return retry, err
+	return retry, len(retry) < len(es), err
 }
 
 // deleteBatch deletes up to 10 messages with DeleteMessageBatch. It returns the entries to try
-// again, with the call's error if the whole call failed.
+// again, with the call's error if the whole call failed, or else that of the first failed entry.
 func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, error) {
 	in := &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(p.src.queue)}
 	for i, e := range es {
@@ -799,8 +810,8 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 	done := make([]bool, len(es))
 	var retry []*entry
 	for _, f := range out.Failed {
-		i, err := strconv.Atoi(aws.ToString(f.Id))
-		if err != nil || i < 0 || i >= len(es) || done[i] {
+		i, aerr := strconv.Atoi(aws.ToString(f.Id))
+		if aerr != nil || i < 0 || i >= len(es) || done[i] {
 			continue
 		}
 		done[i] = true
@@ -813,6 +824,10 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 			continue
 		}
 		p.src.stats.deleteRetries.Add(1)
+		p.log.Warn("delete failed; retrying", "message_id", e.msgID, "code", aws.ToString(f.Code), "reason", aws.ToString(f.Message))
+		if err == nil {
+			err = fmt.Errorf("message %s: %s: %s", e.msgID, aws.ToString(f.Code), aws.ToString(f.Message))
+		}
 		retry = append(retry, e)
 	}
 	for i, e := range es {
@@ -821,7 +836,7 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 			p.forget(e)
 		}
 	}
-	return retry, nil
+	return retry, err
 }
 
 // forget drops a deleted (or given up) message from the ledger and wakes a paused receiver.
@@ -958,10 +973,14 @@ func (p *partition[T]) sendDead(d dlqItem) {
 	}
 	s.stats.deadLettered.Add(1)
 	p.mu.Lock()
-	if e := p.led.dlqSent(d.id); e != nil {
+	e := p.led.dlqSent(d.id)
+	if e != nil {
 		p.deletes = append(p.deletes, e)
 	}
 	p.mu.Unlock()
+	if e != nil {
+		signal(p.kick) // its epoch committed before the send was confirmed: delete it now
+	}
 }
 
 // Close stops the goroutines, deletes the messages of committed epochs still waiting (for up to
@@ -992,20 +1011,25 @@ func (p *partition[T]) Close() error {
 	if p.err != nil && !p.told {
 		errs = append(errs, p.err)
 	}
+	fails := p.delFails // the count goes on: deletes that failed 8 times get one more try
 	p.mu.Unlock()
 
-	fails := 0
 	var lastErr error
 	for len(dels) > 0 && ctx.Err() == nil {
-		n := min(10, len(dels))
-		retry, err := p.deleteBatch(ctx, dels[:n])
+		n := min(10*deleteConcurrency, len(dels))
+		retry, progress, err := p.deleteBatches(ctx, dels[:n])
 		dels = append(retry, dels[n:]...)
-		if err != nil {
-			lastErr = err
-			fails++
-			if fails >= maxFailures || !sleep(ctx, backoff(fails)) {
-				break
-			}
+		if len(retry) == 0 {
+			fails = 0
+			continue
+		}
+		lastErr = err
+		if progress {
+			fails = 0
+		}
+		fails++
+		if fails >= maxFailures || permanent(err) || !sleep(ctx, backoff(fails)) {
+			break
 		}
 	}
 	if len(dels) > 0 {

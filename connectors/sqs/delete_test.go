@@ -1,0 +1,236 @@
+package sqs_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/epochflow/epochflow/connectors/flowtest"
+	"github.com/epochflow/epochflow/connectors/sqs"
+	"github.com/epochflow/epochflow/dataflow"
+)
+
+// The deletes of committed messages: retried on every kind of failure, never left waiting,
+// never run past by the receiver, and a lasting failure stops the flow with the error.
+
+// slowDeletes answers every DeleteMessageBatch call after a delay, as a queue in a far region
+// would, so that one partition can receive faster than it deletes.
+type slowDeletes struct {
+	*awssqs.Client
+	delay time.Duration
+}
+
+func (s *slowDeletes) DeleteMessageBatch(ctx context.Context, in *awssqs.DeleteMessageBatchInput, opts ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Client.DeleteMessageBatch(ctx, in, opts...)
+}
+
+// A partition that receives faster than its deletes go out does not run past them: receiving
+// waits while the oldest committed message is near its visibility deadline, so every delete
+// lands in time and no message is delivered twice. Without the wait, the delete backlog grows
+// past the visibility timeout and the messages come again, stale delete after stale delete.
+func TestReceivingWaitsForDeletes(t *testing.T) {
+	q := emu.MustQueue(t, "slowdel", sqstestQueue{Visibility: 2 * time.Second})
+	const n = 1500
+	send(t, q, numbered("d", n)...)
+	client := &slowDeletes{Client: emu.Client, delay: 100 * time.Millisecond}
+	src := sqs.NewSource(client, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
+		sqs.WaitTime(time.Second), sqs.IdleExit(2*time.Second), sqs.Logger(quiet))
+	sink := flowtest.NewSink[sqs.Message]()
+	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 50 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	st := src.Stats()
+	if len(sink.Items()) != n || st.StaleDeletes != 0 || st.Received != n {
+		t.Errorf("wrote %d of %d messages; stats %+v: want each received once, no stale delete", len(sink.Items()), n, st)
+	}
+	if st.DeletePauses == 0 {
+		t.Errorf("stats %+v: the receiver never waited for the deletes (the test did not make them fall behind)", st)
+	}
+	if vis, fl := counts(t, q); vis+fl != 0 {
+		t.Errorf("after the run: %d visible, %d in flight", vis, fl)
+	}
+	t.Logf("stats %+v", st)
+}
+
+// entryFault answers the first DeleteMessageBatch call with a per-entry server fault
+// (SenderFault=false, as SQS does for an InternalError) for its first entry; the call itself
+// succeeds and the other entries are deleted.
+type entryFault struct {
+	*awssqs.Client
+	done atomic.Bool
+}
+
+func (c *entryFault) DeleteMessageBatch(ctx context.Context, in *awssqs.DeleteMessageBatchInput, opts ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	if c.done.Swap(true) || len(in.Entries) == 0 {
+		return c.Client.DeleteMessageBatch(ctx, in, opts...)
+	}
+	first := in.Entries[0]
+	rest := *in
+	rest.Entries = in.Entries[1:]
+	out := &awssqs.DeleteMessageBatchOutput{}
+	if len(rest.Entries) > 0 {
+		o, err := c.Client.DeleteMessageBatch(ctx, &rest, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Successful, out.Failed = o.Successful, o.Failed
+	}
+	out.Failed = append(out.Failed, types.BatchResultErrorEntry{Id: first.Id, Code: aws.String("InternalError"), Message: aws.String("injected"), SenderFault: false})
+	return out, nil
+}
+
+// A delete entry that fails once (a server fault inside a successful call) is tried again
+// after a back-off, and the run ends by IdleExit with the queue empty; the receiver, paused
+// while that delete waits near its deadline, does not wait for it forever.
+func TestDeleteEntryFaultIsRetried(t *testing.T) {
+	q := emu.MustQueue(t, "entryfault", sqstestQueue{Visibility: 2 * time.Second})
+	send(t, q, numbered("e", 5)...)
+	client := &entryFault{Client: emu.Client}
+	src := sqs.NewSource(client, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
+		sqs.WaitTime(time.Second), sqs.IdleExit(3*time.Second), sqs.Logger(quiet))
+	sink := flowtest.NewSink[sqs.Message]()
+	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 50 * time.Millisecond}); err != nil {
+		t.Fatalf("the run did not end by IdleExit: %v; stats %+v", err, src.Stats())
+	}
+	st := src.Stats()
+	if len(sink.Items()) != 5 || st.Deleted != 5 || st.DeleteRetries == 0 || st.StaleDeletes != 0 {
+		t.Errorf("wrote %d of 5; stats %+v: want all deleted, one retry, no stale delete", len(sink.Items()), st)
+	}
+	if vis, fl := counts(t, q); vis+fl != 0 {
+		t.Errorf("after the run: %d visible, %d in flight", vis, fl)
+	}
+}
+
+type dlqFailOnce struct {
+	*awssqs.Client
+	dlq  string
+	done atomic.Bool
+}
+
+func (c *dlqFailOnce) SendMessage(ctx context.Context, in *awssqs.SendMessageInput, opts ...func(*awssqs.Options)) (*awssqs.SendMessageOutput, error) {
+	if aws.ToString(in.QueueUrl) == c.dlq && !c.done.Swap(true) {
+		return nil, errors.New("injected transient send failure")
+	}
+	return c.Client.SendMessage(ctx, in, opts...)
+}
+
+// A rejected message whose dead-letter send succeeds only when tried again, after its epoch
+// committed, is deleted from the source queue then, without waiting for anything else to wake
+// the source, and the run ends by IdleExit.
+func TestDeadLetterAfterCommitIsDeleted(t *testing.T) {
+	q := emu.MustQueue(t, "dlqlate-src", sqstestQueue{Visibility: 2 * time.Second})
+	dlq := emu.MustQueue(t, "dlqlate-dlq", sqstest30())
+	send(t, q, "bad")
+	client := &dlqFailOnce{Client: emu.Client, dlq: dlq}
+	decode := func(m sqs.Message) (sqs.Message, error) {
+		_, err := strconv.Atoi(m.Body)
+		return m, err
+	}
+	src := sqs.NewSource(client, q, decode, sqs.DeadLetter(dlq), sqs.WaitTime(time.Second), sqs.IdleExit(3*time.Second), sqs.Logger(quiet))
+	sink := flowtest.NewSink[sqs.Message]()
+	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 50 * time.Millisecond}); err != nil {
+		t.Fatalf("the run did not end by IdleExit: %v; stats %+v", err, src.Stats())
+	}
+	if st := src.Stats(); st.DeadLettered != 1 || st.Deleted != 1 {
+		t.Errorf("stats %+v: want the message dead-lettered and deleted", st)
+	}
+	if vis, fl := counts(t, q); vis+fl != 0 {
+		t.Errorf("source queue after the run: %d visible, %d in flight", vis, fl)
+	}
+	if vis, _ := counts(t, dlq); vis != 1 {
+		t.Errorf("the dead-letter queue holds %d messages, want 1", vis)
+	}
+}
+
+// failingDeletes fails every DeleteMessageBatch call with err.
+type failingDeletes struct {
+	*awssqs.Client
+	err error
+}
+
+func (c *failingDeletes) DeleteMessageBatch(context.Context, *awssqs.DeleteMessageBatchInput, ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	return nil, c.err
+}
+
+// Deletes that keep failing stop the flow with an error that says so: a refusal (403) at once,
+// any other failure after 8 in a row. The messages stay in the queue (they come again).
+func TestFailingDeletesStopTheFlow(t *testing.T) {
+	denied := &awshttp.ResponseError{ResponseError: &smithyhttp.ResponseError{
+		Response: &smithyhttp.Response{Response: &http.Response{StatusCode: 403}},
+		Err:      &smithy.GenericAPIError{Code: "AccessDenied", Message: "not allowed (test)"}}}
+	for _, c := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"refused", denied, "failed (1 in a row"},
+		{"unreachable", errors.New("connection refused (test)"), "failed (8 in a row"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := emu.MustQueue(t, "denied", sqstestQueue{Visibility: 30 * time.Second})
+			send(t, q, numbered("x", 300)...)
+			src := sqs.NewSource(&failingDeletes{emu.Client, c.err}, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
+				sqs.WaitTime(time.Second), sqs.IdleExit(3*time.Second), sqs.Logger(quiet))
+			sink := flowtest.NewSink[sqs.Message]()
+			err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 50 * time.Millisecond})
+			if err == nil || !strings.Contains(err.Error(), "deleting messages of committed epochs "+c.want) ||
+				!strings.Contains(err.Error(), "(test)") {
+				t.Fatalf("run: %v; want the delete error, %q", err, c.want)
+			}
+			if st := src.Stats(); st.Deleted != 0 {
+				t.Errorf("stats %+v: nothing can have been deleted", st)
+			}
+		})
+	}
+}
+
+// One DeleteMessageBatch call in five fails (as under throttling).
+type oneInFive struct {
+	*awssqs.Client
+	n atomic.Int64
+}
+
+func (c *oneInFive) DeleteMessageBatch(ctx context.Context, in *awssqs.DeleteMessageBatchInput, opts ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	if c.n.Add(1)%5 == 0 {
+		return nil, errors.New("Throttling (injected)")
+	}
+	return c.Client.DeleteMessageBatch(ctx, in, opts...)
+}
+
+// Occasional failed delete calls (one in five, as under throttling) are retried and do not
+// add up to a fatal error while other calls get through: every message is read once and
+// deleted.
+func TestSomeDeleteCallsFail(t *testing.T) {
+	q := emu.MustQueue(t, "oneinfive", sqstest30())
+	const n = 3000
+	send(t, q, numbered("f", n)...)
+	src := sqs.NewSource(&oneInFive{Client: emu.Client}, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
+		sqs.WaitTime(time.Second), sqs.IdleExit(2*time.Second), sqs.Logger(quiet))
+	sink := flowtest.NewSink[sqs.Message]()
+	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 200 * time.Millisecond}); err != nil {
+		t.Fatalf("run: %v; stats %+v", err, src.Stats())
+	}
+	if st := src.Stats(); len(sink.Items()) != n || st.Deleted != n || st.DeleteRetries == 0 {
+		t.Errorf("wrote %d of %d; stats %+v: want all deleted, with retries", len(sink.Items()), n, st)
+	}
+	if vis, fl := counts(t, q); vis+fl != 0 {
+		t.Errorf("after the run: %d visible, %d in flight", vis, fl)
+	}
+}
