@@ -22,9 +22,10 @@
 // behind (a hundred messages waiting or out, or the oldest within half a visibility timeout of
 // its deadline; counted in Stats.DeletePauses): a partition that received faster than it deletes
 // would see its committed messages come again before their deletes reached SQS.
-// Failed delete calls and failed entries are retried with back-off (and counted in Stats); after
-// maxFailures (8) failures in a row the partition reports the error through Next or Commit,
-// which stops the flow (the messages are not lost: SQS delivers them again). A delete SQS refuses
+// Failed delete calls and failed entries are logged and retried with back-off (and counted in
+// Stats); after 8 tries in a row in which no delete got through, or at once for a refusal (a
+// 4xx that is no throttle, such as AccessDenied), the partition reports the error through Next
+// or Commit, which stops the flow (the messages are not lost: SQS delivers them again). A delete SQS refuses
 // for its receipt handle (the visibility ran out and the message was, or will be, delivered
 // again) is logged and counted as StaleDeletes, not fatal: the message comes again, which is
 // at-least-once. Close waits up to 20 s for the deletes of committed epochs, and makes the
