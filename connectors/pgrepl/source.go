@@ -472,14 +472,19 @@ func (p *partition) Next(context.Context) ([]Change, error) {
 		}
 		out = append(out, c)
 	}
-	if len(out) == 0 && !more && p.cfg.IdleEOF > 0 && p.pos.TxCommit == 0 && !p.pos.Copying {
-		if wait := time.Until(last.Add(p.cfg.IdleEOF)); wait <= 0 {
+	// At a transaction boundary with nothing buffered, the source ends IdleEOF after the last
+	// change: now, or by waking the waiter then. The clock starts also after a Next that
+	// returned changes (the end of a transaction whose first events an earlier Next took).
+	if !more && p.cfg.IdleEOF > 0 && p.pos.TxCommit == 0 && !p.pos.Copying {
+		wait := time.Until(last.Add(p.cfg.IdleEOF))
+		switch {
+		case wait <= 0 && len(out) == 0:
 			p.eof = true
 			return nil, io.EOF
-		} else if p.idleTimer == nil {
-			p.idleTimer = time.AfterFunc(wait, func() { signal(p.ready) })
-		} else {
-			p.idleTimer.Reset(wait)
+		case p.idleTimer == nil:
+			p.idleTimer = time.AfterFunc(max(wait, 0), func() { signal(p.ready) })
+		default:
+			p.idleTimer.Reset(max(wait, 0))
 		}
 	}
 	return out, nil

@@ -2,6 +2,8 @@ package pgrepl
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -199,6 +201,69 @@ func TestHeartbeat(t *testing.T) {
 	eventually(t, "the slot to advance", func() bool { return slot(t, conn, name).confirmed == s.LSN })
 }
 
+// A transaction whose commit reaches Next apart from its first events still starts the
+// IdleEOF clock: the source wakes its waiter for the end, though the last Next returned data
+// (CI once hung here, the transaction split across two Next calls on a loaded machine).
+func TestIdleEOFAfterASplitTransaction(t *testing.T) {
+	dsn, conn := newDB(t)
+	exec(t, conn, "CREATE TABLE t (id int PRIMARY KEY)")
+	p := build(t, Config{DSN: dsn, Slot: slotName(t, conn), Publication: "pub", Tables: []string{"t"}, CreateSlot: true,
+		CreatePublication: true, IdleEOF: 300 * time.Millisecond}, nil)
+	defer p.Close()
+	// Nothing is written to the database: the test feeds the partition's queue as the
+	// replication goroutine would, one transaction in two parts.
+	drain := func() []Change { // as a worker does: Wait, then Next
+		t.Helper()
+		select {
+		case <-p.Wait():
+		default:
+		}
+		out, err := p.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for len(drain()) > 0 {
+	}
+	// As if no empty Next had come before: no idle clock running, no wake-up pending.
+	if p.idleTimer != nil {
+		p.idleTimer.Stop()
+	}
+	select {
+	case <-p.ready:
+	default:
+	}
+	const commit = LSN(0x1_0000_0000)
+	p.enqueue(Change{Kind: Begin, CommitLSN: commit}, true)
+	p.enqueue(Change{Kind: Insert, CommitLSN: commit}, true)
+	if got := drain(); len(got) != 2 {
+		t.Fatalf("first part: %d events, want 2", len(got))
+	}
+	p.enqueue(Change{Kind: Commit, CommitLSN: commit, LSN: commit}, true)
+	if got := drain(); len(got) != 1 {
+		t.Fatalf("second part: %d events, want the commit", len(got))
+	}
+	select {
+	case <-p.Wait():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait was not ready within 5 s of the last change: the IdleEOF end was not signalled")
+	}
+	for end := time.Now().Add(5 * time.Second); ; {
+		_, err := p.Next(context.Background())
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil || time.Now().After(end) {
+			t.Fatalf("Next after the idle time: %v, want io.EOF", err)
+		}
+		select {
+		case <-p.Wait():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
 // With IdleEOF the source ends once no change arrived for that long, and DropSlotAtEnd drops
 // the slot after the last commit; without it the slot stays.
 func TestIdleEOFAndDropSlot(t *testing.T) {
@@ -221,7 +286,13 @@ func TestIdleEOFAndDropSlot(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatal("no EOF")
 			}
-			<-p.Wait()
+			// The source must wake its waiter for the end as for data: a worker parked on
+			// Wait has nothing else to go on.
+			select {
+			case <-p.Wait():
+			case <-time.After(5 * time.Second):
+				t.Fatal("Wait was not ready within 5 s of the last change: the IdleEOF end was not signalled")
+			}
 		}
 		if err := p.Commit(context.Background(), p.Snapshot()); err != nil {
 			t.Fatal(err)
