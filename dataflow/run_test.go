@@ -299,16 +299,31 @@ func TestSourcesPauseWhileCommitsLag(t *testing.T) {
 				t.Fatalf("max=%d: no second epoch was committed in 20 s", max)
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		// Reading stops once the bound is reached (within 10 s on a loaded machine), and
+		// then stays stopped while the commit stalls.
 		before := src.read.Load()
-		time.Sleep(200 * time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); ; before = src.read.Load() {
+			time.Sleep(100 * time.Millisecond)
+			if src.read.Load() == before {
+				break
+			}
+			if time.Now().After(deadline) {
+				close(release)
+				cancel()
+				<-done
+				t.Fatalf("max=%d: the source kept reading for 10 s while the commit stalled", max)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
 		if after := src.read.Load(); after != before {
 			t.Errorf("max=%d: the source read %d more items while %d epochs waited for their commit", max, after-before, max)
 		}
 		close(release)
-		time.Sleep(50 * time.Millisecond)
-		if src.read.Load() == before {
-			t.Errorf("max=%d: the source did not resume reading after the commit", max)
+		for deadline := time.Now().Add(10 * time.Second); src.read.Load() == before; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("max=%d: the source did not resume reading within 10 s of the commit", max)
+				break
+			}
 		}
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {

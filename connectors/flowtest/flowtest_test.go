@@ -20,7 +20,7 @@ func run(t *testing.T, f *dataflow.Flow, workers int) error {
 
 func TestSourcePlaysItsScript(t *testing.T) {
 	src := flowtest.NewSource(2,
-		[]flowtest.Event[int]{flowtest.Items(1, 2, 3), flowtest.Pause[int](5 * time.Millisecond), flowtest.Items(4), flowtest.EOF[int](), flowtest.Items(99)},
+		[]flowtest.Event[int]{flowtest.Items(1, 2, 3), flowtest.Pause[int](200 * time.Millisecond), flowtest.Items(4), flowtest.EOF[int](), flowtest.Items(99)},
 		[]flowtest.Event[int]{flowtest.Items(10, 11)})
 	f := dataflow.New("script")
 	sink := flowtest.NewSink[int]()
