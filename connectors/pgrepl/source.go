@@ -174,7 +174,7 @@ func (s *Source) Build(ctx context.Context, part string, resume *State) (dataflo
 	}
 	p := &partition{cfg: cfg, admin: admin, dec: newDecoder(), rels: map[uint32]*Relation{}, typeNames: map[uint32]string{},
 		ready: make(chan struct{}, 1), room: make(chan struct{}, 1), wakeCh: make(chan struct{}, 1),
-		done: make(chan struct{}), hbStop: make(chan struct{}), hbDone: make(chan struct{}), lastChange: time.Now()}
+		done: make(chan struct{}), hbStop: make(chan struct{}), hbDone: make(chan struct{})}
 	fail := func(err error) (dataflow.StatefulSource[Change, State], error) {
 		if p.conn != nil {
 			p.conn.Close(context.Background())
@@ -205,6 +205,7 @@ func (s *Source) Build(ctx context.Context, part string, resume *State) (dataflo
 	} else if err := p.startReplication(ctx, p.pos.LSN); err != nil {
 		return fail(err)
 	}
+	p.lastChange = time.Now() // the IdleEOF clock starts with the stream, not before the slot and the connections
 	go p.loop()
 	if cfg.Heartbeat > 0 {
 		go p.heartbeat()

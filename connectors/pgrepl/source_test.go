@@ -34,9 +34,9 @@ func TestFlushOnlyOnCommit(t *testing.T) {
 	}
 	defer func() { statusHook = nil }()
 
-	// wal_sender_timeout=1s: the server asks for a reply after 0.5 s without one; with a
+	// wal_sender_timeout=2s: the server asks for a reply after 1 s without one; with a
 	// status interval of 10 s, only the answers to those keep the connection alive.
-	cfg := Config{DSN: dsn + "&wal_sender_timeout=1s", Slot: name, Publication: "pub", Tables: []string{"t"},
+	cfg := Config{DSN: dsn + "&wal_sender_timeout=2s", Slot: name, Publication: "pub", Tables: []string{"t"},
 		CreateSlot: true, CreatePublication: true, StatusInterval: 10 * time.Second}
 	p := build(t, cfg, nil)
 	defer p.Close()
@@ -56,7 +56,7 @@ func TestFlushOnlyOnCommit(t *testing.T) {
 	// More WAL that the epoch has not read: the server's WAL end moves past the snapshot.
 	exec(t, conn, "INSERT INTO t VALUES (1000, 'later')")
 
-	time.Sleep(3 * time.Second) // several keepalive rounds, an epoch that takes long
+	time.Sleep(5 * time.Second) // several keepalive rounds, an epoch that takes long
 	s := slot(t, conn, name)
 	if s.confirmed != start.confirmed {
 		t.Fatalf("confirmed_flush_lsn moved from %s to %s before any commit", start.confirmed, s.confirmed)
@@ -69,7 +69,7 @@ func TestFlushOnlyOnCommit(t *testing.T) {
 	}
 	mu.Lock()
 	if len(answered) == 0 {
-		t.Error("no keepalive asked for a reply within 3 s with wal_sender_timeout=1s")
+		t.Error("no keepalive asked for a reply within 5 s with wal_sender_timeout=2s")
 	}
 	for i, a := range answered {
 		if a != start.confirmed {
@@ -208,7 +208,7 @@ func TestIdleEOFAfterASplitTransaction(t *testing.T) {
 	dsn, conn := newDB(t)
 	exec(t, conn, "CREATE TABLE t (id int PRIMARY KEY)")
 	p := build(t, Config{DSN: dsn, Slot: slotName(t, conn), Publication: "pub", Tables: []string{"t"}, CreateSlot: true,
-		CreatePublication: true, IdleEOF: 300 * time.Millisecond}, nil)
+		CreatePublication: true, IdleEOF: time.Second}, nil)
 	defer p.Close()
 	// Nothing is written to the database: the test feeds the partition's queue as the
 	// replication goroutine would, one transaction in two parts.
