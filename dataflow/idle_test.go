@@ -137,8 +137,10 @@ func TestIdleFlowBurnsNothingAndWakesFast(t *testing.T) {
 	sink.mu.Unlock()
 	slices.Sort(lat)
 	t.Logf("wake-up latency: min %v, median %v, max %v", lat[0], lat[len(lat)/2], lat[len(lat)-1])
-	if lat[len(lat)/2] > 5*time.Millisecond {
-		t.Errorf("median latency from a parked source to the sink is %v, want < 5ms", lat[len(lat)/2])
+	// Typically well under a millisecond; the bound leaves room for a loaded machine and still
+	// fails a source that is polled (at the 1 s epoch interval) instead of woken.
+	if lat[len(lat)/2] > 50*time.Millisecond {
+		t.Errorf("median latency from a parked source to the sink is %v, want < 50ms", lat[len(lat)/2])
 	}
 }
 

@@ -357,16 +357,22 @@ func TestCollectByTimeout(t *testing.T) {
 			flowtest.Pause[KI](300*time.Millisecond),
 			flowtest.Items(kv("a", 3), kv("a", 4), kv("a", 5), kv("a", 6)))
 		sink := flowtest.NewSink[dataflow.KV[[]int]]()
-		start := time.Now()
-		var firstAt atomic.Int64
-		out := operators.Inspect("when", operators.Collect("collect", in, 3, 30*time.Millisecond), func(dataflow.KV[[]int]) {
-			firstAt.CompareAndSwap(0, int64(time.Since(start)))
+		// The first list must come during the pause, before the source reads a3: from the
+		// timeout, not from the next item of its key.
+		var firstList, a3Read atomic.Int64
+		seen := operators.Inspect("read", in, func(kv KI) {
+			if kv.Key == "a" && kv.Value == 3 {
+				a3Read.CompareAndSwap(0, time.Now().UnixNano())
+			}
+		})
+		out := operators.Inspect("when", operators.Collect("collect", seen, 3, 30*time.Millisecond), func(dataflow.KV[[]int]) {
+			firstList.CompareAndSwap(0, time.Now().UnixNano())
 		})
 		operators.Output("out", out, sink.Output())
 		mustRun(t, f, workers)
 		checkPerKey(t, sink.Items(), map[string][]string{"a": {"[1 2]", "[3 4 5]", "[6]"}, "b": {"[1]"}})
-		if d := time.Duration(firstAt.Load()); d > 250*time.Millisecond {
-			t.Errorf("the first list came %v after the start, not during the pause", d)
+		if firstList.Load() == 0 || firstList.Load() >= a3Read.Load() {
+			t.Errorf("the first list came %v after a3 was read, not during the pause", time.Duration(firstList.Load()-a3Read.Load()))
 		}
 		ep := epochOf(flatten(sink.ByEpoch()))
 		if !(ep["a[1 2]"] < ep["a[3 4 5]"] && ep["a[3 4 5]"] <= ep["a[6]"]) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -147,7 +148,7 @@ func TestCopySurvivesKill9(t *testing.T) {
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 5))
 	run := func() *exec.Cmd {
 		// One or two workers (consumers), changing from run to run.
-		cmd := exec.Command(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-recovery", rec,
+		cmd := flowCommand(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-recovery", rec,
 			"-workers", strconv.Itoa(1+r.IntN(2)), "-epoch-interval", "50ms", "-idle-exit", "1s", "-log-level", "warn")
 		cmd.Stderr = &logs
 		return cmd
@@ -204,7 +205,7 @@ func TestCopyTwoWorkers(t *testing.T) {
 	}
 	conn.Close()
 	out := filepath.Join(t.TempDir(), "out.txt")
-	cmd := exec.Command(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-recovery", filepath.Join(t.TempDir(), "store"),
+	cmd := flowCommand(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-recovery", filepath.Join(t.TempDir(), "store"),
 		"-workers", "2", "-epoch-interval", "20ms", "-idle-exit", "300ms", "-log-level", "warn")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, b)
@@ -226,7 +227,7 @@ func TestLineBreakFails(t *testing.T) {
 	}
 	conn.Close()
 	out := filepath.Join(t.TempDir(), "out.txt")
-	cmd := exec.Command(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-idle-exit", "300ms", "-log-level", "warn")
+	cmd := flowCommand(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-idle-exit", "300ms", "-log-level", "warn")
 	b, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("exit 0 on a body with a line break:\n%s", b)
@@ -241,4 +242,13 @@ func TestLineBreakFails(t *testing.T) {
 			t.Fatalf("%d messages in the queue, want the 1 back", queueReady(t, q))
 		}
 	}
+}
+
+// flowCommand is exec.Command for a run of the example that is killed if it has not ended
+// after 3 minutes: a run that hangs fails its test, with the error of the killed run, instead
+// of stalling the package until the test binary's own timeout.
+func flowCommand(bin string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(3*time.Minute, cancel)
+	return exec.CommandContext(ctx, bin, args...)
 }

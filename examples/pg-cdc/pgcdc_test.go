@@ -150,7 +150,7 @@ func TestPgCdcSurvivesKill9(t *testing.T) {
 		if idle != "" {
 			args = append(args, "-idle-exit", idle)
 		}
-		cmd := exec.Command(bin, args...)
+		cmd := flowCommand(bin, args...)
 		cmd.Stderr = os.Stderr
 		return cmd
 	}
@@ -178,7 +178,9 @@ func TestPgCdcSurvivesKill9(t *testing.T) {
 	copiedBeforeKill := -1
 	mustExec(t, tgt, "SET lock_timeout = '1s'")
 	tgt.QueryRow(ctx, "SELECT count(*) FROM items").Scan(&copiedBeforeKill)
-	mustExec(t, tgt, "RESET lock_timeout")
+	// From here on a wait for a lock fails within 10 s: a prepared transaction the runs did not
+	// settle would otherwise hang the final comparison.
+	mustExec(t, tgt, "SET lock_timeout = '10s'")
 
 	const txs = 10_000
 	var written atomic.Int64
@@ -299,4 +301,13 @@ func TestBadFlags(t *testing.T) {
 	if _, err := build(ctx, o); err == nil || !strings.Contains(err.Error(), "-slot") {
 		t.Errorf("missing -slot: %v", err)
 	}
+}
+
+// flowCommand is exec.Command for a run of the example that is killed if it has not ended
+// after 3 minutes: a run that hangs fails its test, with the error of the killed run, instead
+// of stalling the package until the test binary's own timeout.
+func flowCommand(bin string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(3*time.Minute, cancel)
+	return exec.CommandContext(ctx, bin, args...)
 }

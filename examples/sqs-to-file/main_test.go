@@ -31,7 +31,7 @@ func buildBinary(t *testing.T) string {
 }
 
 func command(bin, queue, out, rec string, idle time.Duration) *exec.Cmd {
-	cmd := exec.Command(bin, "-endpoint", emu.URL, "-queue-url", queue, "-output", out, "-recovery", rec,
+	cmd := flowCommand(bin, "-endpoint", emu.URL, "-queue-url", queue, "-output", out, "-recovery", rec,
 		"-epoch-interval", "100ms", "-idle-exit", idle.String(), "-log-level", "error")
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=x", "AWS_REGION=us-east-1",
 		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
@@ -162,4 +162,13 @@ func TestSurvivesKill9(t *testing.T) {
 	}
 	checkOutput(t, out, queue, want)
 	t.Logf("whole test: %v", time.Since(start))
+}
+
+// flowCommand is exec.Command for a run of the example that is killed if it has not ended
+// after 3 minutes: a run that hangs fails its test, with the error of the killed run, instead
+// of stalling the package until the test binary's own timeout.
+func flowCommand(bin string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(3*time.Minute, cancel)
+	return exec.CommandContext(ctx, bin, args...)
 }

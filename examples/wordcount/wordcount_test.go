@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -117,7 +118,7 @@ func TestWordcountMatchesCoreutils(t *testing.T) {
 	want := coreutilsCounts(t, input)
 	for _, workers := range []int{1, 2, 4} {
 		out := filepath.Join(dir, fmt.Sprintf("out-%d.txt", workers))
-		cmd := exec.Command(bin, "-input", input, "-output", out, "-workers", strconv.Itoa(workers))
+		cmd := flowCommand(bin, "-input", input, "-output", out, "-workers", strconv.Itoa(workers))
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("workers=%d: %v\n%s", workers, err, b)
 		}
@@ -130,7 +131,7 @@ func TestWordcountMatchesCoreutils(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer in.Close()
-	cmd := exec.Command(bin, "-workers", "2")
+	cmd := flowCommand(bin, "-workers", "2")
 	cmd.Stdin = in
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
@@ -153,7 +154,7 @@ func TestWordcountSurvivesKill9(t *testing.T) {
 	input := filepath.Join(dir, "input.txt")
 	writeText(t, input, 2_000_000, 10_000, 2)
 	run := func(out, rec string, workers int) *exec.Cmd {
-		cmd := exec.Command(bin, "-input", input, "-output", out, "-recovery", rec,
+		cmd := flowCommand(bin, "-input", input, "-output", out, "-recovery", rec,
 			"-epoch-interval", "50ms", "-workers", strconv.Itoa(workers), "-log-level", "warn")
 		cmd.Stderr = os.Stderr
 		return cmd
@@ -233,7 +234,7 @@ func TestWordcountSIGTERMStopsAndResumes(t *testing.T) {
 		os.RemoveAll(rec)
 		os.Remove(out)
 		w := newWatchWriter("msg=running")
-		cmd := exec.Command(bin, args...)
+		cmd := flowCommand(bin, args...)
 		cmd.Stderr = w
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -261,7 +262,7 @@ func TestWordcountSIGTERMStopsAndResumes(t *testing.T) {
 		t.Fatalf("every run finished before SIGTERM arrived; stderr of the last:\n%s", stderr.String())
 	}
 	stderr.Reset()
-	cmd := exec.Command(bin, args...)
+	cmd := flowCommand(bin, args...)
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("resumed run: %v\n%s", err, stderr.String())
@@ -280,28 +281,23 @@ func TestSecondRunOnAStoreInUseIsRefused(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	rec := filepath.Join(dir, "store")
-	first := exec.Command(bin, "-recovery", rec, "-output", filepath.Join(dir, "out1.txt"))
+	first := flowCommand(bin, "-recovery", rec, "-output", filepath.Join(dir, "out1.txt"))
 	stdin, err := first.StdinPipe() // the first run reads stdin, which stays open
 	if err != nil {
 		t.Fatal(err)
 	}
-	var firstErr bytes.Buffer
-	first.Stderr = &firstErr
+	firstErr := newWatchWriter("msg=running") // logged once the store is open and locked
+	first.Stderr = firstErr
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer first.Process.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(rec, "epochflow.lock")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first run did not open its store:\n%s", firstErr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-firstErr.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the first run did not start within 30 s:\n%s", firstErr.String())
 	}
-	second := exec.Command(bin, "-recovery", rec, "-input", "sample.txt", "-output", filepath.Join(dir, "out2.txt"))
+	second := flowCommand(bin, "-recovery", rec, "-input", "sample.txt", "-output", filepath.Join(dir, "out2.txt"))
 	out, err := second.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "in use") || !strings.Contains(string(out), rec) {
 		t.Fatalf("second run on a store in use: %v\n%s", err, out)
@@ -345,4 +341,13 @@ func (w *watchWriter) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
+}
+
+// flowCommand is exec.Command for a run of the example that is killed if it has not ended
+// after 3 minutes: a run that hangs fails its test, with the error of the killed run, instead
+// of stalling the package until the test binary's own timeout.
+func flowCommand(bin string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(3*time.Minute, cancel)
+	return exec.CommandContext(ctx, bin, args...)
 }
