@@ -37,7 +37,7 @@ func TestSinkPublishes(t *testing.T) {
 		t.Fatalf("%d messages in the queue, want %d", r, len(want))
 	}
 	g := &gate{}
-	if err := dataflow.Run(withTimeout(t, time.Minute), flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 200 * time.Millisecond}), dataflow.ToDynamic[Message](g)),
+	if err := dataflow.Run(withTimeout(t, time.Minute), flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: time.Second}), dataflow.ToDynamic[Message](g)),
 		dataflow.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestSinkReconnects(t *testing.T) {
 		t.Fatalf("after %d cuts: %v", cuts, err)
 	}
 	g := &gate{}
-	if err := dataflow.Run(withTimeout(t, time.Minute), flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 300 * time.Millisecond}), dataflow.ToDynamic[Message](g)),
+	if err := dataflow.Run(withTimeout(t, time.Minute), flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: time.Second}), dataflow.ToDynamic[Message](g)),
 		dataflow.Options{}); err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func TestCrashBeforeCommitAcksNothing(t *testing.T) {
 	dir := t.TempDir()
 	var sent sync.Mutex
 	acks := 0
-	src := NewSource[Message](SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 300 * time.Millisecond}, nil)
+	src := NewSource[Message](SourceConfig{URL: brokerURL(), Queue: q, IdleExit: time.Second}, nil)
 	src.onOp = func(_ string, op ackOp, ok bool, err error) {
 		if ok {
 			sent.Lock()
@@ -179,7 +179,7 @@ func TestCrashBeforeCommitAcksNothing(t *testing.T) {
 	}
 	defer store.Close()
 	g2 := &gate{}
-	src2 := NewSource[Message](SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 300 * time.Millisecond}, nil)
+	src2 := NewSource[Message](SourceConfig{URL: brokerURL(), Queue: q, IdleExit: time.Second}, nil)
 	if err := dataflow.Run(withTimeout(t, time.Minute), flowOf(dataflow.FromPartitioned[Message, uint64](src2), dataflow.ToDynamic[Message](g2)),
 		dataflow.Options{EpochInterval: 50 * time.Millisecond, Recovery: store}); err != nil {
 		t.Fatal(err)
@@ -377,7 +377,7 @@ func TestPoisonToDeadLetter(t *testing.T) {
 	out := &collectInts{}
 	var mu sync.Mutex
 	var sent []ackOp
-	src := NewSource(SourceConfig{URL: brokerURL(), Queue: q, DeadLetter: true, IdleExit: 300 * time.Millisecond}, decodeInt)
+	src := NewSource(SourceConfig{URL: brokerURL(), Queue: q, DeadLetter: true, IdleExit: time.Second}, decodeInt)
 	src.onOp = func(_ string, op ackOp, ok bool, err error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -463,7 +463,7 @@ func TestPrefetchLimit(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	g := &gate{}
 	err := dataflow.Run(withTimeout(t, time.Minute),
-		flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, Prefetch: 10, IdleExit: 300 * time.Millisecond, Logger: logger}), dataflow.ToDynamic[Message](g)),
+		flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, Prefetch: 10, IdleExit: time.Second, Logger: logger}), dataflow.ToDynamic[Message](g)),
 		dataflow.Options{EpochInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -598,11 +598,11 @@ func TestIdleExitWaitsForABusyWorker(t *testing.T) {
 		got += len(b)
 		if slow {
 			slow = false
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(1500 * time.Millisecond)
 		}
 	}))
 	if err := dataflow.Run(withTimeout(t, time.Minute),
-		flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 100 * time.Millisecond}), sink),
+		flowOf(Consume(SourceConfig{URL: brokerURL(), Queue: q, IdleExit: 300 * time.Millisecond}), sink),
 		dataflow.Options{EpochInterval: 20 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}

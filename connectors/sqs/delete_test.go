@@ -46,8 +46,8 @@ func (s *slowDeletes) DeleteMessageBatch(ctx context.Context, in *awssqs.DeleteM
 // lands in time and no message is delivered twice. Without the wait, the delete backlog grows
 // past the visibility timeout and the messages come again, stale delete after stale delete.
 func TestReceivingWaitsForDeletes(t *testing.T) {
-	q := emu.MustQueue(t, "slowdel", sqstestQueue{Visibility: 2 * time.Second})
-	const n = 1500
+	q := emu.MustQueue(t, "slowdel", sqstestQueue{Visibility: 3 * time.Second})
+	const n = 3000
 	send(t, q, numbered("d", n)...)
 	client := &slowDeletes{Client: emu.Client, delay: 100 * time.Millisecond}
 	src := sqs.NewSource(client, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },

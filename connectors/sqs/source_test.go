@@ -214,8 +214,8 @@ func extensionRun(t *testing.T, client sqs.API, q string, n int) (*sqs.Source[sq
 	send(t, q, numbered("v", n)...)
 	sink := flowtest.NewSink[sqs.Message]()
 	src := sqs.NewSource(client, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
-		sqs.WaitTime(time.Second), sqs.IdleExit(3*time.Second), sqs.Logger(quiet))
-	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 6 * time.Second}); err != nil {
+		sqs.WaitTime(time.Second), sqs.IdleExit(5*time.Second), sqs.Logger(quiet))
+	if err := runFlow(t, src.Input(), sink, dataflow.Options{EpochInterval: 8 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	items := sink.Items()
@@ -239,7 +239,7 @@ func extensionRun(t *testing.T, client sqs.API, q string, n int) (*sqs.Source[sq
 // extends the visibility of the messages in flight. goaws has no ChangeMessageVisibilityBatch,
 // so this is the fallback to single ChangeMessageVisibility calls.
 func TestVisibilityExtendedSingleCalls(t *testing.T) {
-	q := emu.MustQueue(t, "extend", sqstestQueue{Visibility: 2 * time.Second})
+	q := emu.MustQueue(t, "extend", sqstestQueue{Visibility: 3 * time.Second})
 	src, _ := extensionRun(t, emu.Client, q, 30)
 	st := src.Stats()
 	if !st.SingleVisibilityCalls {
@@ -279,7 +279,7 @@ func (b *batchVisibility) ChangeMessageVisibilityBatch(ctx context.Context, in *
 
 // The same through ChangeMessageVisibilityBatch (a stub over goaws), with failed entries retried.
 func TestVisibilityExtendedBatch(t *testing.T) {
-	q := emu.MustQueue(t, "extend-batch", sqstestQueue{Visibility: 2 * time.Second})
+	q := emu.MustQueue(t, "extend-batch", sqstestQueue{Visibility: 3 * time.Second})
 	stub := &batchVisibility{Client: emu.Client}
 	src, _ := extensionRun(t, stub, q, 30)
 	st := src.Stats()

@@ -206,7 +206,7 @@ func TestCopyTwoWorkers(t *testing.T) {
 	conn.Close()
 	out := filepath.Join(t.TempDir(), "out.txt")
 	cmd := flowCommand(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-recovery", filepath.Join(t.TempDir(), "store"),
-		"-workers", "2", "-epoch-interval", "20ms", "-idle-exit", "300ms", "-log-level", "warn")
+		"-workers", "2", "-epoch-interval", "20ms", "-idle-exit", "1s", "-log-level", "warn")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, b)
 	}
@@ -227,7 +227,7 @@ func TestLineBreakFails(t *testing.T) {
 	}
 	conn.Close()
 	out := filepath.Join(t.TempDir(), "out.txt")
-	cmd := flowCommand(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-idle-exit", "300ms", "-log-level", "warn")
+	cmd := flowCommand(bin, "-url", brokerURL(), "-queue", q, "-output", out, "-idle-exit", "1s", "-log-level", "warn")
 	b, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("exit 0 on a body with a line break:\n%s", b)
