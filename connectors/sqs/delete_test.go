@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -232,5 +233,138 @@ func TestSomeDeleteCallsFail(t *testing.T) {
 	}
 	if vis, fl := counts(t, q); vis+fl != 0 {
 		t.Errorf("after the run: %d visible, %d in flight", vis, fl)
+	}
+}
+
+func buildPartition(t *testing.T, ctx context.Context, src *sqs.Source[sqs.Message]) dataflow.StatefulSource[sqs.Message, uint64] {
+	t.Helper()
+	parts, err := src.Parts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := src.Build(ctx, parts[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// readN calls Next until n items (emitted or rejected) were handed out.
+func readN(t *testing.T, p dataflow.StatefulSource[sqs.Message, uint64], src *sqs.Source[sqs.Message], n int64) []sqs.Message {
+	t.Helper()
+	var got []sqs.Message
+	end := time.Now().Add(15 * time.Second)
+	for {
+		st := src.Stats()
+		if st.Emitted+st.Rejected >= n {
+			return got
+		}
+		if time.Now().After(end) {
+			t.Fatalf("timed out reading %d; stats %+v", n, st)
+		}
+		b, err := p.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b...)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// hangDeletes: every DeleteMessageBatch call waits for its context (a stalled connection).
+type hangDeletes struct {
+	*awssqs.Client
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (c *hangDeletes) DeleteMessageBatch(ctx context.Context, _ *awssqs.DeleteMessageBatchInput, _ ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	c.once.Do(func() { close(c.entered) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Close returns within its 20 s budget even when a delete call of the manager's round never
+// answers (the SDK's HTTP client has no overall timeout), with an error that says what was
+// not deleted.
+func TestCloseReturnsWhileADeleteHangs(t *testing.T) {
+	q := emu.MustQueue(t, "rv-hang", sqstest30())
+	send(t, q, "1")
+	client := &hangDeletes{Client: emu.Client, entered: make(chan struct{})}
+	src := sqs.NewSource(client, q, func(m sqs.Message) (sqs.Message, error) { return m, nil },
+		sqs.Consumers(1), sqs.WaitTime(time.Second), sqs.Logger(quiet))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p := buildPartition(t, ctx, src)
+	readN(t, p, src, 1)
+	if err := p.Commit(ctx, p.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	<-client.entered
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- p.Close() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "could not be deleted before Close") || strings.Contains(err.Error(), "<nil>") {
+			t.Errorf("Close after %v: %v; want the undeleted messages and why", time.Since(start), err)
+		}
+	case <-time.After(25 * time.Second):
+		cancel() // let the goroutines go
+		<-done
+		t.Fatal("Close still blocked after 25 s (its budget is 20 s)")
+	}
+}
+
+// deleteFailSecond: the first DeleteMessageBatch call is slow (the manager is busy), the
+// second fails (transient), the others go through.
+type deleteFailSecond struct {
+	*awssqs.Client
+	n atomic.Int64
+}
+
+func (c *deleteFailSecond) DeleteMessageBatch(ctx context.Context, in *awssqs.DeleteMessageBatchInput, opts ...func(*awssqs.Options)) (*awssqs.DeleteMessageBatchOutput, error) {
+	switch c.n.Add(1) {
+	case 1:
+		time.Sleep(2 * time.Second)
+	case 2:
+		return nil, errors.New("transient (injected)")
+	}
+	return c.Client.DeleteMessageBatch(ctx, in, opts...)
+}
+
+// A dead-letter send due in the same manager round as a delete call that fails still goes out,
+// and the rejected message is then deleted.
+func TestDeadLetterSurvivesAFailedDelete(t *testing.T) {
+	q := emu.MustQueue(t, "rv-drop-src", sqstest30())
+	dlq := emu.MustQueue(t, "rv-drop-dlq", sqstest30())
+	client := &deleteFailSecond{Client: emu.Client}
+	decode := func(m sqs.Message) (sqs.Message, error) {
+		_, err := strconv.Atoi(m.Body)
+		return m, err
+	}
+	src := sqs.NewSource(client, q, decode, sqs.Consumers(1), sqs.DeadLetter(dlq), sqs.WaitTime(time.Second), sqs.Logger(quiet))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p := buildPartition(t, ctx, src)
+	defer p.Close()
+	send(t, q, "1")
+	readN(t, p, src, 1)
+	if err := p.Commit(ctx, p.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the first (slow) delete call", func() bool { return client.n.Load() >= 1 })
+	// While the manager is in that call: a good message and a rejected one, both committed.
+	send(t, q, "2", "bad")
+	readN(t, p, src, 3)
+	if err := p.Commit(ctx, p.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the rejected message sent to the dead-letter queue and deleted", func() bool {
+		st := src.Stats()
+		return st.DeadLettered == 1 && st.Deleted == 3
+	})
+	if vis, _ := counts(t, dlq); vis != 1 {
+		t.Errorf("the dead-letter queue holds %d messages, want 1", vis)
 	}
 }

@@ -754,7 +754,8 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 			signal(p.wake)
 		}
 		p.mu.Unlock()
-		return false
+		more = false
+		break // the dead-letter sends taken this round still go out
 	}
 	for _, d := range sends {
 		p.sendDead(d)
@@ -995,13 +996,14 @@ func (p *partition[T]) Close() error {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	defer context.AfterFunc(ctx, p.cancel)() // the manager's unfinished round shares the budget
 	p.stopRecv()
 	close(p.stop)
 	p.wg.Wait()
 	defer p.cancel()
 
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-	defer cancel()
 	p.mu.Lock()
 	dels := p.deletes
 	p.deletes = nil
@@ -1033,6 +1035,9 @@ func (p *partition[T]) Close() error {
 		}
 	}
 	if len(dels) > 0 {
+		if lastErr == nil {
+			lastErr = ctx.Err()
+		}
 		errs = append(errs, p.errorf("partition %s: %d messages of committed epochs could not be deleted before Close (they will be delivered again): %v", p.key, len(dels), lastErr))
 	}
 	if len(rel) > 0 {
