@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/epochflow/epochflow/recovery"
 )
@@ -53,26 +52,32 @@ func MainFunc(build func() (*Flow, error)) {
 
 // mainFunc is MainFunc without the process: it returns the exit code.
 func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build func() (*Flow, error)) int {
-	env := envReader{}
-	workers := fs.Int("workers", env.int("workers", "EPOCHFLOW_WORKERS", 1), "workers in this process (env EPOCHFLOW_WORKERS)")
-	interval := fs.Duration("epoch-interval", env.duration("epoch-interval", "EPOCHFLOW_EPOCH_INTERVAL", DefaultEpochInterval),
+	workers := fs.Int("workers", 1, "workers in this process (env EPOCHFLOW_WORKERS)")
+	interval := fs.Duration("epoch-interval", DefaultEpochInterval,
 		"how often each worker closes its epoch (env EPOCHFLOW_EPOCH_INTERVAL)")
-	level := fs.String("log-level", envString("EPOCHFLOW_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env EPOCHFLOW_LOG_LEVEL)")
+	level := fs.String("log-level", "info", "log level: debug, info, warn or error (env EPOCHFLOW_LOG_LEVEL)")
 	graph := fs.Bool("graph", false, "print the flow as a Mermaid chart and exit")
-	recoveryDir := fs.String("recovery", envString("EPOCHFLOW_RECOVERY", ""),
+	recoveryDir := fs.String("recovery", "",
 		"recovery store directory, created if missing (env EPOCHFLOW_RECOVERY); without it a crash loses the flow's state")
-	backup := fs.Duration("backup-interval", env.duration("backup-interval", "EPOCHFLOW_BACKUP_INTERVAL", 0),
+	backup := fs.Duration("backup-interval", 0,
 		"how long a snapshot is kept after a newer one of the same key is committed (env EPOCHFLOW_BACKUP_INTERVAL)")
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	// A malformed variable is an error unless its flag, which wins, was given.
+	// A variable sets its flag, through the flag's own parsing, unless the command line did.
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for _, e := range env.bad {
-		if !set[e.flag] {
-			fmt.Fprintln(stderr, e.msg)
+	for _, ev := range envFlags {
+		v, ok := os.LookupEnv(ev.env)
+		if !ok || set[ev.flag] {
+			continue
+		}
+		if ev.want != "" {
+			v = strings.TrimSpace(v)
+		}
+		if err := fs.Set(ev.flag, v); err != nil {
+			fmt.Fprintf(stderr, "invalid value %q for %s (flag -%s): want %s\n", v, ev.env, ev.flag, ev.want)
 			return 2
 		}
 	}
@@ -186,43 +191,12 @@ func crashFromEnv(v string) (func(string) bool, error) {
 	}, nil
 }
 
-func envString(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
-}
-
-// envReader reads the defaults of the engine's flags from the environment and keeps each
-// malformed variable, so that mainFunc can refuse it by name.
-type envReader struct {
-	bad []envError
-}
-
-type envError struct {
-	flag, msg string
-}
-
-func (e *envReader) int(flagName, name string, def int) int {
-	if v, ok := os.LookupEnv(name); ok {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil {
-			e.bad = append(e.bad, envError{flagName, fmt.Sprintf("invalid value %q for %s (flag -%s): want a whole number", v, name, flagName)})
-			return def
-		}
-		return n
-	}
-	return def
-}
-
-func (e *envReader) duration(flagName, name string, def time.Duration) time.Duration {
-	if v, ok := os.LookupEnv(name); ok {
-		d, err := time.ParseDuration(strings.TrimSpace(v))
-		if err != nil {
-			e.bad = append(e.bad, envError{flagName, fmt.Sprintf("invalid value %q for %s (flag -%s): want a duration such as 500ms", v, name, flagName)})
-			return def
-		}
-		return d
-	}
-	return def
+// envFlags are the engine flags an environment variable sets when the command line does not;
+// want says what a malformed value should have been ("" for a string, which cannot be).
+var envFlags = []struct{ flag, env, want string }{
+	{"workers", "EPOCHFLOW_WORKERS", "a whole number"},
+	{"epoch-interval", "EPOCHFLOW_EPOCH_INTERVAL", "a duration such as 500ms"},
+	{"recovery", "EPOCHFLOW_RECOVERY", ""},
+	{"backup-interval", "EPOCHFLOW_BACKUP_INTERVAL", "a duration such as 500ms"},
+	{"log-level", "EPOCHFLOW_LOG_LEVEL", ""},
 }
