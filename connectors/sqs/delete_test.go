@@ -3,6 +3,7 @@ package sqs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -249,26 +250,16 @@ func buildPartition(t *testing.T, ctx context.Context, src *sqs.Source[sqs.Messa
 	return p
 }
 
-// readN calls Next until n items (emitted or rejected) were handed out.
-func readN(t *testing.T, p dataflow.StatefulSource[sqs.Message, uint64], src *sqs.Source[sqs.Message], n int64) []sqs.Message {
+// readN calls Next until n messages in all (emitted or rejected) were handed out.
+func readN(t *testing.T, p dataflow.StatefulSource[sqs.Message, uint64], src *sqs.Source[sqs.Message], n int64) {
 	t.Helper()
-	var got []sqs.Message
-	end := time.Now().Add(15 * time.Second)
-	for {
-		st := src.Stats()
-		if st.Emitted+st.Rejected >= n {
-			return got
-		}
-		if time.Now().After(end) {
-			t.Fatalf("timed out reading %d; stats %+v", n, st)
-		}
-		b, err := p.Next(context.Background())
-		if err != nil {
+	waitFor(t, 15*time.Second, fmt.Sprintf("%d messages read", n), func() bool {
+		if _, err := p.Next(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, b...)
-		time.Sleep(10 * time.Millisecond)
-	}
+		st := src.Stats()
+		return st.Emitted+st.Rejected >= n
+	})
 }
 
 // hangDeletes: every DeleteMessageBatch call waits for its context (a stalled connection).
