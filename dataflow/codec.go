@@ -31,47 +31,67 @@ func DefaultCodec[S any]() Codec[S] {
 	return jsonCodec[S]{}
 }
 
+// AppendCodec is a Codec that can also append a state's encoding to a buffer. A stateful step
+// whose codec is one encodes the states of an epoch's changed keys into a few shared buffers
+// instead of allocating a slice per key (with a million changed keys an epoch, those
+// allocations and the garbage collection of them cost more than the encoding). The default
+// codecs are AppendCodecs.
+type AppendCodec[S any] interface {
+	Codec[S]
+	// AppendEncode appends the encoding of state to dst (the bytes Encode returns) and
+	// returns the extended slice.
+	AppendEncode(dst []byte, state S) ([]byte, error)
+}
+
 type binaryCodec[S any] struct{}
 
-func (binaryCodec[S]) Encode(s S) ([]byte, error) {
+func (c binaryCodec[S]) Encode(s S) ([]byte, error) {
+	b, err := c.AppendEncode(nil, s)
+	if b == nil && err == nil {
+		b = []byte{}
+	}
+	return b, err
+}
+
+func (binaryCodec[S]) AppendEncode(dst []byte, s S) ([]byte, error) {
 	switch v := any(s).(type) {
 	case int:
-		return binary.AppendVarint(nil, int64(v)), nil
+		return binary.AppendVarint(dst, int64(v)), nil
 	case int64:
-		return binary.AppendVarint(nil, v), nil
+		return binary.AppendVarint(dst, v), nil
 	case int32:
-		return binary.AppendVarint(nil, int64(v)), nil
+		return binary.AppendVarint(dst, int64(v)), nil
 	case int16:
-		return binary.AppendVarint(nil, int64(v)), nil
+		return binary.AppendVarint(dst, int64(v)), nil
 	case int8:
-		return binary.AppendVarint(nil, int64(v)), nil
+		return binary.AppendVarint(dst, int64(v)), nil
 	case uint:
-		return binary.AppendUvarint(nil, uint64(v)), nil
+		return binary.AppendUvarint(dst, uint64(v)), nil
 	case uint64:
-		return binary.AppendUvarint(nil, v), nil
+		return binary.AppendUvarint(dst, v), nil
 	case uint32:
-		return binary.AppendUvarint(nil, uint64(v)), nil
+		return binary.AppendUvarint(dst, uint64(v)), nil
 	case uint16:
-		return binary.AppendUvarint(nil, uint64(v)), nil
+		return binary.AppendUvarint(dst, uint64(v)), nil
 	case uint8:
-		return []byte{v}, nil
+		return append(dst, v), nil
 	case bool:
 		if v {
-			return []byte{1}, nil
+			return append(dst, 1), nil
 		}
-		return []byte{0}, nil
+		return append(dst, 0), nil
 	case float64:
-		return binary.LittleEndian.AppendUint64(nil, math.Float64bits(v)), nil
+		return binary.LittleEndian.AppendUint64(dst, math.Float64bits(v)), nil
 	case float32:
-		return binary.LittleEndian.AppendUint32(nil, math.Float32bits(v)), nil
+		return binary.LittleEndian.AppendUint32(dst, math.Float32bits(v)), nil
 	case string:
-		return []byte(v), nil
+		return append(dst, v...), nil
 	case []byte:
-		return append([]byte{}, v...), nil
+		return append(dst, v...), nil
 	case struct{}:
-		return []byte{}, nil
+		return dst, nil
 	}
-	return nil, fmt.Errorf("binary codec: unsupported type %T", s)
+	return dst, fmt.Errorf("binary codec: unsupported type %T", s)
 }
 
 func (binaryCodec[S]) Decode(key string, data []byte) (S, error) {
@@ -157,6 +177,11 @@ type jsonCodec[S any] struct{}
 
 func (jsonCodec[S]) Encode(s S) ([]byte, error) { return json.Marshal(s) }
 
+func (jsonCodec[S]) AppendEncode(dst []byte, s S) ([]byte, error) {
+	b, err := json.Marshal(s)
+	return append(dst, b...), err
+}
+
 func (jsonCodec[S]) Decode(key string, data []byte) (S, error) {
 	var s S
 	if err := json.Unmarshal(data, &s); err != nil {
@@ -168,7 +193,8 @@ func (jsonCodec[S]) Decode(key string, data []byte) (S, error) {
 // CheckCodec reports why DefaultCodec cannot round-trip S (an unexported struct field, which
 // JSON would silently drop; an interface, channel or function), or nil when it can. Types that
 // implement json.Marshaler and json.Unmarshaler, or encoding.TextMarshaler and
-// TextUnmarshaler, are trusted.
+// TextUnmarshaler, are trusted. The error says what is wrong with S, not which codec to give
+// instead: that depends on the step (StatefulLogic.Codec for Stateful, an operator's options).
 func CheckCodec[S any]() error {
 	return checkType(reflect.TypeFor[S](), nil)
 }
@@ -198,9 +224,9 @@ func checkType(t reflect.Type, path []string) error {
 	}
 	switch t.Kind() {
 	case reflect.Interface:
-		return fmt.Errorf("state type: %s is an interface (%s): the default codec cannot restore it; give the step a Codec", where(), t)
+		return fmt.Errorf("state type: %s is an interface (%s): the default codec cannot restore it", where(), t)
 	case reflect.Chan, reflect.Func, reflect.UnsafePointer, reflect.Complex64, reflect.Complex128:
-		return fmt.Errorf("state type: %s is a %s: the default codec cannot store it; give the step a Codec", where(), t.Kind())
+		return fmt.Errorf("state type: %s is a %s: the default codec cannot store it", where(), t.Kind())
 	case reflect.Pointer, reflect.Slice, reflect.Array:
 		return checkType(t.Elem(), append(path, "[]"))
 	case reflect.Map:
@@ -212,7 +238,7 @@ func checkType(t reflect.Type, path []string) error {
 		for i := range t.NumField() {
 			f := t.Field(i)
 			if !f.IsExported() {
-				return fmt.Errorf("state type %s: field %s is unexported, and the default codec (JSON) would drop it; export it or give the step a Codec", t, f.Name)
+				return fmt.Errorf("state type %s: field %s is unexported, and the default codec (JSON) would drop it; export it", t, f.Name)
 			}
 			if f.Tag.Get("json") == "-" {
 				return fmt.Errorf("state type %s: field %s has the tag json:\"-\", so the default codec would drop it", t, f.Name)

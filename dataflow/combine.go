@@ -27,7 +27,7 @@ func Combine[T, V any](name string, in Stream[T], key func(T) string, value func
 		in.flow.fail(fmt.Errorf("step %q: Combine needs a key, a value and a merge function", name))
 		return Stream[KV[V]]{}
 	}
-	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{in.edge()}, Outputs: 1,
+	s := in.flow.add(name, &engine.Step{Kind: "combine", Inputs: []engine.Edge{in.edge()}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
 			return &combineNode[T, V]{env: env, key: key, value: value, merge: merge, index: map[string]int{}}, nil
 		}})
@@ -51,7 +51,7 @@ func (n *combineNode[T, V]) OnBatch(_ int, epoch uint64, batch any) (err error) 
 	i := 0
 	defer func() {
 		if p := recover(); p != nil {
-			err = ItemErr(items[i], fmt.Errorf("panic: %v", p))
+			err = ItemErr(items[i], PanicErr(p))
 		}
 	}()
 	for ; i < len(items); i++ {

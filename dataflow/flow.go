@@ -5,7 +5,8 @@
 //
 // Most users build flows with the operators package; this package holds the primitives those
 // operators are made of (Transform, Stateful, Merge, Split, Redistribute, Input, Output), for
-// authors of new operators.
+// authors of new operators; and the clocks and the event-time stateful step (Clock,
+// StatefulTime) that the windows package is built on.
 package dataflow
 
 import (

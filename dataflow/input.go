@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/engine"
@@ -23,7 +24,7 @@ func Input[T any](f *Flow, name string, src Source[T]) Stream[T] {
 		f.fail(fmt.Errorf("step %q: the source is a zero dataflow.Source; build one with FromPartitioned or FromDynamic", name))
 		return Stream[T]{}
 	}
-	s := f.add(name, &engine.Step{Outputs: 1, Source: true, Setup: src.setup, New: src.build})
+	s := f.add(name, &engine.Step{Kind: "source", Outputs: 1, Source: true, Setup: src.setup, New: src.build})
 	if s == nil {
 		return Stream[T]{}
 	}
@@ -65,6 +66,7 @@ func FromPartitioned[T, S any](src PartitionedSource[T, S]) Source[T] {
 				}
 				n.parts = append(n.parts, part)
 			}
+			env.SetParts(len(n.parts))
 			return n, nil
 		},
 	}
@@ -96,7 +98,10 @@ func restoredParts[S any](env *engine.Env, parts []string, consumers bool) (map[
 	for _, r := range restored {
 		if !listed[r.Key] {
 			if !consumers {
-				return nil, nil, fmt.Errorf("the recovery store holds the state of partition %q, which the connector no longer lists", r.Key)
+				return nil, nil, fmt.Errorf("the recovery store holds the state of partition %q, which the connector no longer lists "+
+					"(it lists %s): a partition named by a path changes when the working directory or the path given changes; "+
+					"resume from the directory and with the paths of the run that wrote the store, or, to start over, give this run a new recovery directory",
+					r.Key, quoteList(parts, 10))
 			}
 			if WorkerForKey(r.Key, env.Workers) == env.Worker {
 				dropped = append(dropped, r.Key)
@@ -113,6 +118,25 @@ func restoredParts[S any](env *engine.Env, parts []string, consumers bool) (map[
 		env.Logger.Info("dropping the state of partitions the connector no longer lists", "step", env.StepID, "partitions", dropped)
 	}
 	return out, dropped, nil
+}
+
+// quoteList quotes the first max keys, and says how many more there are.
+func quoteList(keys []string, max int) string {
+	if len(keys) == 0 {
+		return "none"
+	}
+	var b strings.Builder
+	for i, k := range keys {
+		if i == max {
+			fmt.Fprintf(&b, " and %d more", len(keys)-max)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q", k)
+	}
+	return b.String()
 }
 
 // ConsumerPartitions is implemented by a PartitionedSource or PartitionedSink whose partitions
@@ -156,6 +180,7 @@ func FromDynamic[T any](src DynamicSource[T]) Source[T] {
 				return nil, errors.New("the source's Build returned a nil WorkerSource")
 			}
 			// No codec: a dynamic source has no state to store.
+			env.SetParts(1)
 			return &partSourceNode[T, struct{}]{env: env, parts: []*sourcePart[T, struct{}]{
 				{key: fmt.Sprintf("worker-%d", env.Worker), src: dynamicPart[T]{s}}}}, nil
 		},
@@ -203,7 +228,7 @@ const maxBackoff = 50 * time.Millisecond
 func (n *partSourceNode[T, S]) Poll(epoch uint64) (progress, eof bool, err error) {
 	var now time.Time
 	live := 0
-	for _, p := range n.parts {
+	for i, p := range n.parts {
 		if p.eof {
 			continue
 		}
@@ -221,13 +246,15 @@ func (n *partSourceNode[T, S]) Poll(epoch uint64) (progress, eof bool, err error
 			return progress, false, fmt.Errorf("partition %q: %w", p.key, err)
 		}
 		if len(batch) > 0 {
-			if err := n.env.Emit(0, epoch, batch); err != nil {
+			// Tagged with the partition, for the event-time clocks downstream (Clock).
+			if err := n.env.EmitPart(0, epoch, batch, i); err != nil {
 				return progress, false, err
 			}
 			progress = true
 		}
 		if err != nil { // io.EOF
 			p.eof = true
+			n.env.PartEnded(i)
 			continue
 		}
 		live++

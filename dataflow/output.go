@@ -30,7 +30,7 @@ func Output[T any](name string, s Stream[T], sink Sink[T]) {
 			return newRouter(total, pool, func(item T) (int, error) { return pick(item, total) })
 		}
 	}
-	s.flow.add(name, &engine.Step{Inputs: []engine.Edge{in}, Outputs: 0, Setup: sink.setup, New: sink.build})
+	s.flow.add(name, &engine.Step{Kind: "sink", Inputs: []engine.Edge{in}, Outputs: 0, Setup: sink.setup, New: sink.build})
 }
 
 // ToPartitioned turns a PartitionedSink into a Sink for Output.

@@ -13,12 +13,10 @@ import (
 // storeAdapter writes the engine's committed epochs to a recovery.Store.
 type storeAdapter struct{ store recovery.Store }
 
+// The engine's snapshots are recovery.Snapshot values (engine.Snapshot is an alias): they are
+// handed to the store as they are, without a copy.
 func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint64, snaps []engine.Snapshot) error {
-	rs := make([]recovery.Snapshot, len(snaps))
-	for i, s := range snaps {
-		rs[i] = recovery.Snapshot{Step: s.Step, Key: s.Key, Epoch: s.Epoch, State: s.State, Deleted: s.Deleted}
-	}
-	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Snapshots: rs})
+	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Snapshots: snaps})
 }
 
 // resume checks that store can serve this flow, records the new execution and loads the state

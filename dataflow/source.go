@@ -23,6 +23,17 @@ func withWorkerCount(ctx context.Context, n int) context.Context {
 	return context.WithValue(ctx, workersKey{}, n)
 }
 
+type epochIntervalKey struct{}
+
+// EpochInterval returns the run's epoch interval from the context the engine passes to a
+// connector (Parts, Build, Next, Write, Commit), or 0 from any other context. A connector
+// whose system bounds how long an epoch may stay open (a transaction timeout) checks it at
+// start.
+func EpochInterval(ctx context.Context) time.Duration {
+	d, _ := ctx.Value(epochIntervalKey{}).(time.Duration)
+	return d
+}
+
 type loggerKey struct{}
 
 // Logger returns the run's logger from the context the engine passes to a connector (Parts,

@@ -3,7 +3,6 @@ package dataflow
 import (
 	"container/heap"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/engine"
@@ -33,12 +32,17 @@ type StatefulLogic[V, S, W any] struct {
 
 // Emitter collects a stateful step's output for one key.
 type Emitter[W any] struct {
-	key string
-	out []KV[W]
+	key  string
+	out  []KV[W]
+	late uint64
 }
 
 // Emit sends w downstream under the current key.
 func (e *Emitter[W]) Emit(w W) { e.out = append(e.out, KV[W]{Key: e.key, Value: w}) }
+
+// CountLate counts one late item in the run's epochflow_late_items_total (with a Monitor; a
+// windowed step calls it for every item it sends to its late stream).
+func (e *Emitter[W]) CountLate() { e.late++ }
 
 // Key returns the key whose state is being handled.
 func (e *Emitter[W]) Key() string { return e.key }
@@ -60,7 +64,7 @@ func Stateful[V, S, W any](name string, in Stream[KV[V]], logic StatefulLogic[V,
 	}
 	e := in.edge()
 	e.NewRouter = byKey[V]()
-	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{e}, Outputs: 1,
+	s := in.flow.add(name, &engine.Step{Kind: "stateful", Inputs: []engine.Edge{e}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
 			return newStatefulNode(env, logic)
 		}})
@@ -75,6 +79,14 @@ type entry[S any] struct {
 	notify    time.Time
 	dirty     bool // changed in the open epoch (tracked with recovery only)
 	persisted bool // the recovery store has a state of this key
+	gone      bool // discarded: no longer in the node's map
+}
+
+// dirtyKey is a key whose state changed in the open epoch, with its entry (so that the end of
+// the epoch finds the state without a map lookup per key).
+type dirtyKey[S any] struct {
+	key string
+	e   *entry[S]
 }
 
 type statefulNode[V, S, W any] struct {
@@ -84,18 +96,24 @@ type statefulNode[V, S, W any] struct {
 	states  map[string]*entry[S]
 	out     Emitter[W]
 	timers  timerHeap
-	track   bool     // recovery is on: remember which keys changed
-	dirty   []string // keys whose state changed in the open epoch
-	deleted []string // keys discarded in the open epoch that the store has a state of
+	track   bool          // recovery is on: remember which keys changed
+	dirty   []dirtyKey[S] // keys whose state changed in the open epoch
+	deleted []string      // keys discarded in the open epoch that the store has a state of
+
+	appender AppendCodec[S] // codec, if it is one
+	buf      []byte         // what encodeState fills: states of the epoch being saved
 }
 
 func newStatefulNode[V, S, W any](env *engine.Env, logic StatefulLogic[V, S, W]) (*statefulNode[V, S, W], error) {
-	n := &statefulNode[V, S, W]{env: env, logic: logic, codec: logic.Codec, states: map[string]*entry[S]{}, track: env.Recovery}
+	// Sized for this worker's share of the restored keys: a resume of a million keys spent
+	// half its time growing the map.
+	size := len(env.Restored()) / max(env.Workers, 1)
+	n := &statefulNode[V, S, W]{env: env, logic: logic, codec: logic.Codec, states: make(map[string]*entry[S], size), track: env.Recovery}
 	if n.codec == nil {
 		n.codec = DefaultCodec[S]()
 		if env.Recovery {
 			if err := CheckCodec[S](); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("%w; or give the step a codec (StatefulLogic.Codec)", err)
 			}
 		}
 	} else if c, ok := n.codec.(interface{ Check() error }); ok && env.Recovery {
@@ -103,6 +121,7 @@ func newStatefulNode[V, S, W any](env *engine.Env, logic StatefulLogic[V, S, W])
 			return nil, err
 		}
 	}
+	n.appender, _ = n.codec.(AppendCodec[S])
 	for _, r := range env.Restored() {
 		if WorkerForKey(r.Key, env.Workers) != env.Worker {
 			continue
@@ -123,7 +142,7 @@ func (n *statefulNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err err
 	i := 0
 	defer func() {
 		if p := recover(); p != nil {
-			err = ItemErr(items[i], fmt.Errorf("panic: %v", p))
+			err = ItemErr(items[i], PanicErr(p))
 		}
 	}()
 	for ; i < len(items); i++ {
@@ -153,7 +172,7 @@ func (n *statefulNode[V, S, W]) settle(key string, e *entry[S], exists, keep boo
 	}
 	if n.track && !e.dirty {
 		e.dirty = true
-		n.dirty = append(n.dirty, key)
+		n.dirty = append(n.dirty, dirtyKey[S]{key, e})
 	}
 	if !exists {
 		n.states[key] = e
@@ -165,6 +184,7 @@ func (n *statefulNode[V, S, W]) settle(key string, e *entry[S], exists, keep boo
 // the epoch, one it never saw needs none.
 func (n *statefulNode[V, S, W]) discard(key string, e *entry[S]) {
 	delete(n.states, key)
+	e.gone = true
 	if n.track && e.persisted {
 		n.deleted = append(n.deleted, key)
 	}
@@ -203,7 +223,7 @@ func (n *statefulNode[V, S, W]) OnTime(now time.Time, epoch uint64) (err error) 
 	var cur string
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("key %q: notify: panic: %v", cur, p)
+			err = userErr(fmt.Errorf("key %q: notify: %w", cur, PanicErr(p)))
 		}
 	}()
 	// Only the timers due now fire; one a call re-arms for a time already past fires on the
@@ -225,7 +245,7 @@ func (n *statefulNode[V, S, W]) OnTime(now time.Time, epoch uint64) (err error) 
 		n.out.key = t.key
 		keep, err := n.logic.OnNotify(t.key, &e.state, now, &n.out)
 		if err != nil {
-			return fmt.Errorf("key %q: notify: %w", t.key, err)
+			return userErr(fmt.Errorf("key %q: notify: %w", t.key, err))
 		}
 		n.settle(t.key, e, true, keep)
 	}
@@ -239,7 +259,7 @@ func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
 	var cur string
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("key %q: at EOF: panic: %v", cur, p)
+			err = userErr(fmt.Errorf("key %q: at EOF: %w", cur, PanicErr(p)))
 		}
 	}()
 	for key, e := range n.states {
@@ -247,13 +267,13 @@ func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
 		n.out.key = key
 		keep, err := n.logic.OnEOF(key, &e.state, &n.out)
 		if err != nil {
-			return fmt.Errorf("key %q: at EOF: %w", key, err)
+			return userErr(fmt.Errorf("key %q: at EOF: %w", key, err))
 		}
 		if !keep {
 			n.discard(key, e)
 		} else if n.track && !e.dirty {
 			e.dirty = true
-			n.dirty = append(n.dirty, key)
+			n.dirty = append(n.dirty, dirtyKey[S]{key, e})
 		}
 	}
 	n.timers = nil
@@ -261,35 +281,78 @@ func (n *statefulNode[V, S, W]) OnEOF(epoch uint64) (err error) {
 }
 
 // OnClose saves the state of every key that changed in the epoch, and a tombstone for every
-// key discarded in it that the store holds (with recovery).
+// key discarded in it that the store holds (with recovery). With an AppendCodec the states are
+// encoded into shared buffers (see encodeState), not a slice each.
 func (n *statefulNode[V, S, W]) OnClose(epoch uint64) error {
 	if !n.track {
 		return nil
 	}
-	for _, key := range n.dirty {
-		e, ok := n.states[key]
-		if !ok || !e.dirty {
-			continue // discarded since, or listed twice
+	n.env.Reserve(len(n.dirty) + len(n.deleted))
+	n.buf = nil // the previous epoch's snapshots still hold theirs
+	for _, d := range n.dirty {
+		key, e := d.key, d.e
+		if e.gone || !e.dirty {
+			continue // discarded since (a new entry of the key is listed after it)
 		}
-		b, err := n.codec.Encode(e.state)
+		b, err := n.encodeState(e.state, len(n.dirty))
 		if err != nil {
 			return fmt.Errorf("key %q: encoding state: %w", key, err)
 		}
 		e.dirty, e.persisted = false, true
 		n.env.Save(epoch, key, b, false)
 	}
-	if len(n.deleted) > 1 {
-		slices.Sort(n.deleted)
-		n.deleted = slices.Compact(n.deleted)
-	}
+	// A key is listed in deleted at most once an epoch: discard lists only an entry the
+	// store has a state of, and the entry a key gets after it (created in the epoch) has
+	// none. So no sort to drop duplicates (at EOF, when a final step discards every key,
+	// sorting a million keys cost more than the commit of their tombstones).
 	for _, key := range n.deleted {
 		if _, ok := n.states[key]; !ok {
 			n.env.Save(epoch, key, nil, true)
 		}
 	}
+	clear(n.dirty) // the entries of discarded keys can be collected
 	n.dirty = n.dirty[:0]
 	n.deleted = n.deleted[:0]
+	n.buf = nil
 	return nil
+}
+
+// encodeBufMin and encodeBufMax bound the buffers a step encodes an epoch's states into.
+const (
+	encodeBufMin = 4 << 10
+	encodeBufMax = 1 << 20
+)
+
+// encodeState encodes a state for a snapshot: with an AppendCodec into n.buf, a buffer shared
+// by the snapshots of the epoch (a fresh one when it is full, sized for the keys left, so that
+// what a snapshot holds is never written again), else with Encode. keys is the number of keys
+// the epoch saves, for the first buffer's size.
+func (n *statefulNode[V, S, W]) encodeState(state S, keys int) ([]byte, error) {
+	if n.appender == nil {
+		return n.codec.Encode(state)
+	}
+	if cap(n.buf)-len(n.buf) < 16 {
+		n.buf = make([]byte, 0, min(max(keys*4, encodeBufMin), encodeBufMax))
+	}
+	start := len(n.buf)
+	b, err := n.appender.AppendEncode(n.buf, state)
+	if err != nil {
+		return nil, err
+	}
+	if start > 0 && &b[:1][0] != &n.buf[:1][0] {
+		// It did not fit and append moved it: the state alone into the new array, which
+		// later states then share (the bytes copied to it before start are unused).
+		b = b[start:]
+		n.buf = b
+		start = 0
+	} else {
+		n.buf = b
+	}
+	st := n.buf[start:len(n.buf):len(n.buf)]
+	if len(st) == 0 {
+		st = []byte{}
+	}
+	return st, nil
 }
 
 // ConsumesBatches tells the engine that the node keeps nothing of a batch but copies.

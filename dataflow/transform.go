@@ -8,8 +8,11 @@ import (
 
 // Transform adds a stateless step that turns every batch of in into a batch of the output. fn
 // must not modify its input batch, and hands over the batch it returns (it may return its
-// input when Out is In and nothing changes). An error stops the flow, naming the step; return
-// errors made with ItemErr (or use ForEach) to name the item too.
+// input when Out is In and nothing changes). What it returns is taken to come from the source
+// partition of its input batch (an event-time Clock downstream tracks the watermark per
+// partition), so fn must not hold items back to return them with a later batch. An error stops
+// the flow, naming the step; return errors made with ItemErr (or use ForEach) to name the item
+// too.
 //
 // State: none. Epochs: output items keep the epoch of their input. EOF: the output ends when in
 // ends.
@@ -17,7 +20,7 @@ func Transform[In, Out any](name string, in Stream[In], fn func(batch []In) ([]O
 	if !in.valid() {
 		return Stream[Out]{}
 	}
-	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{in.edge()}, Outputs: 1,
+	s := in.flow.add(name, &engine.Step{Kind: "transform", Inputs: []engine.Edge{in.edge()}, Outputs: 1, KeepsOrigin: true,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
 			return &transformNode[In, Out]{env: env, fn: fn}, nil
 		}})
@@ -35,12 +38,12 @@ type transformNode[In, Out any] struct {
 func (n *transformNode[In, Out]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("panic: %v", p)
+			err = PanicErr(p)
 		}
 	}()
 	out, err := n.fn(batch.([]In))
 	if err != nil {
-		return err
+		return userErr(err)
 	}
 	if len(out) == 0 {
 		return nil
@@ -64,7 +67,7 @@ func TransformInto[In, Out any](name string, in Stream[In], fn func(batch []In, 
 	if !in.valid() {
 		return Stream[Out]{}
 	}
-	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{in.edge()}, Outputs: 1,
+	s := in.flow.add(name, &engine.Step{Kind: "transform", Inputs: []engine.Edge{in.edge()}, Outputs: 1, KeepsOrigin: true,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
 			return &intoNode[In, Out]{env: env, fn: fn}, nil
 		}})
@@ -83,12 +86,12 @@ type intoNode[In, Out any] struct {
 func (n *intoNode[In, Out]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("panic: %v", p)
+			err = PanicErr(p)
 		}
 	}()
 	out, err := n.fn(batch.([]In), n.buf[:0])
 	if err != nil {
-		return err
+		return userErr(err)
 	}
 	if len(out) == 0 {
 		n.buf = out
@@ -117,7 +120,7 @@ func Split[T any](name string, in Stream[T], pred func(T) (bool, error)) (Stream
 	if !in.valid() {
 		return Stream[T]{}, Stream[T]{}
 	}
-	s := in.flow.add(name, &engine.Step{Inputs: []engine.Edge{in.edge()}, Outputs: 2,
+	s := in.flow.add(name, &engine.Step{Kind: "split", Inputs: []engine.Edge{in.edge()}, Outputs: 2, KeepsOrigin: true,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
 			return &splitNode[T]{env: env, pred: pred}, nil
 		}})
@@ -184,7 +187,7 @@ func Merge[T any](name string, ins ...Stream[T]) Stream[T] {
 		}
 		edges[i] = in.edge()
 	}
-	return passThrough[T](f, name, edges)
+	return passThrough[T](f, name, "merge", edges)
 }
 
 // Redistribute adds a step that spreads the items of in over all workers, to share out the
@@ -199,11 +202,11 @@ func Redistribute[T any](name string, in Stream[T]) Stream[T] {
 	}
 	e := in.edge()
 	e.Balance = true
-	return passThrough[T](in.flow, name, []engine.Edge{e})
+	return passThrough[T](in.flow, name, "redistribute", []engine.Edge{e})
 }
 
-func passThrough[T any](f *Flow, name string, edges []engine.Edge) Stream[T] {
-	s := f.add(name, &engine.Step{Inputs: edges, Outputs: 1,
+func passThrough[T any](f *Flow, name, kind string, edges []engine.Edge) Stream[T] {
+	s := f.add(name, &engine.Step{Kind: kind, Inputs: edges, Outputs: 1, KeepsOrigin: true,
 		New: func(env *engine.Env, _ any) (engine.Node, error) { return &passNode{env: env}, nil }})
 	if s == nil {
 		return Stream[T]{}

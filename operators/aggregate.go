@@ -10,9 +10,11 @@ import (
 )
 
 // final adds a keyed step that folds every value of a key into a state S with step and, at
-// EOF, emits the state once and discards it: the shape of Reduce, Fold, Count, Max and Min.
-func final[V, S any](name string, in dataflow.Stream[dataflow.KV[V]], step func(key string, state *S, exists bool, v V)) dataflow.Stream[dataflow.KV[S]] {
+// EOF, emits the state once and discards it: the shape of Reduce, Fold, Count, Max and Min (op,
+// named in the error of a state type the default codec cannot store).
+func final[V, S any](op, name string, in dataflow.Stream[dataflow.KV[V]], step func(key string, state *S, exists bool, v V)) dataflow.Stream[dataflow.KV[S]] {
 	return dataflow.Stateful(name, in, dataflow.StatefulLogic[V, S, S]{
+		Codec: defaultCodec[S](noCodecAdvice(op)),
 		OnItem: func(key string, state *S, exists bool, v V, _ *dataflow.Emitter[S]) (bool, error) {
 			step(key, state, exists, v)
 			return true, nil
@@ -43,7 +45,7 @@ func Reduce[V any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(acc,
 	if !usable(name, in, "the reduce function", fn == nil) {
 		return dataflow.Stream[dataflow.KV[V]]{}
 	}
-	return final(name, in, func(_ string, acc *V, exists bool, v V) {
+	return final("operators.Reduce", name, in, func(_ string, acc *V, exists bool, v V) {
 		if exists {
 			*acc = fn(*acc, v)
 		} else {
@@ -64,7 +66,7 @@ func Fold[V, A any](name string, in dataflow.Stream[dataflow.KV[V]], init func(k
 	if !usable(name, in, "the init function", init == nil) || !usable(name, in, "the fold function", fn == nil) {
 		return dataflow.Stream[dataflow.KV[A]]{}
 	}
-	return final(name, in, func(key string, acc *A, exists bool, v V) {
+	return final("operators.Fold", name, in, func(key string, acc *A, exists bool, v V) {
 		if !exists {
 			*acc = init(key)
 		}
@@ -85,7 +87,7 @@ func Count[T any](name string, in dataflow.Stream[T], key func(T) string) datafl
 	// Each worker counts its own items per key and epoch first (a combiner), so one partial
 	// count per key and worker crosses the exchange, however hot the key.
 	counts := dataflow.Combine(name+".combine", in, key, func(T) int { return 1 }, func(a, b int) int { return a + b })
-	return final(name, counts, func(_ string, n *int, _ bool, v int) { *n += v })
+	return final("operators.Count", name, counts, func(_ string, n *int, _ bool, v int) { *n += v })
 }
 
 // validName records a build error for an empty name, which would give a composite operator's
@@ -131,7 +133,7 @@ func MaxBy[V any](name string, in dataflow.Stream[dataflow.KV[V]], less func(a, 
 		}
 		return m
 	}
-	return final(name, combined(name, in, larger), func(_ string, m *V, exists bool, v V) {
+	return final("operators.MaxBy", name, combined(name, in, larger), func(_ string, m *V, exists bool, v V) {
 		if !exists {
 			*m = v
 		} else {
@@ -155,7 +157,7 @@ func MinBy[V any](name string, in dataflow.Stream[dataflow.KV[V]], less func(a, 
 		}
 		return m
 	}
-	return final(name, combined(name, in, smaller), func(_ string, m *V, exists bool, v V) {
+	return final("operators.MinBy", name, combined(name, in, smaller), func(_ string, m *V, exists bool, v V) {
 		if !exists {
 			*m = v
 		} else {
@@ -201,6 +203,7 @@ func Collect[V any](name string, in dataflow.Stream[dataflow.KV[V]], maxItems in
 		return dataflow.Stream[dataflow.KV[[]V]]{}
 	}
 	logic := dataflow.StatefulLogic[V, collectState[V], []V]{
+		Codec: defaultCodec[collectState[V]](noCodecAdvice("operators.Collect")),
 		OnItem: func(_ string, s *collectState[V], _ bool, v V, out *dataflow.Emitter[[]V]) (bool, error) {
 			if len(s.Items) == 0 && timeout > 0 {
 				s.Deadline = time.Now().Add(timeout)

@@ -23,17 +23,10 @@ func usable[T any](name string, in dataflow.Stream[T], what string, isNil bool) 
 	return true
 }
 
-// panicErr turns a recovered panic on item into the error a failing user function gives.
-func panicErr(item, p any) error {
-	if err, ok := p.(error); ok {
-		return dataflow.ItemErr(item, fmt.Errorf("panic: %w", err))
-	}
-	return dataflow.ItemErr(item, fmt.Errorf("panic: %v", p))
-}
-
-// recoverItem, deferred directly, turns a panic while handling batch[*i] into *err.
+// recoverItem, deferred directly, turns a panic while handling batch[*i] into *err: an
+// *dataflow.ItemError wrapping a *dataflow.PanicError, which names the user code's frame.
 func recoverItem[T any](batch []T, i *int, err *error) {
 	if p := recover(); p != nil {
-		*err = panicErr(batch[*i], p)
+		*err = dataflow.ItemErr(batch[*i], dataflow.PanicErr(p))
 	}
 }

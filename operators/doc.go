@@ -12,9 +12,12 @@
 // per key; the state of epoch e is complete before any item of epoch e+1 is applied.
 //
 // With recovery (dataflow.Options.Recovery), a stateful operator stores the state of every key
-// that changed at the end of each epoch, with dataflow.DefaultCodec: the state types users
-// choose (StatefulMap's S, Fold's A, the values of Reduce, Collect and Join, a Logic's
-// snapshot) must be plain types that it round-trips (see dataflow.CheckCodec).
+// that changed at the end of each epoch, with dataflow.DefaultCodec unless it is given a codec:
+// StatefulMap, StatefulMapErr, StatefulFlatMap and Stateful (a Logic's snapshot) take one in
+// StateOptions; for the others (Fold's A, the values of Reduce, MaxBy, Collect and Join) the
+// state must be a plain type that the default codec round-trips (see dataflow.CheckCodec), or
+// the step is written with dataflow.Stateful and a StatefulLogic.Codec. A state type that
+// cannot be stored refuses to start, with an error naming the step and what takes a codec.
 //
 // A user function that can fail has an Err variant (MapErr, FilterErr, ...). Its error, or a
 // panic in any user function, stops the flow: Run returns a *dataflow.StepError naming the

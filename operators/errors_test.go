@@ -208,6 +208,11 @@ func TestItemErrors(t *testing.T) {
 					if !strings.Contains(msg, "panic: boom!") {
 						t.Errorf("error %q does not report the panic", msg)
 					}
+					// The frame of the user code that panicked: panicOn's panic, not the
+					// operator's nor the engine's.
+					if !strings.Contains(msg, "errors_test.go:30)") {
+						t.Errorf("error %q does not name the user code's frame, errors_test.go:30", msg)
+					}
 				} else if !errors.Is(err, errBoom) && !strings.Contains(msg, "build returned a nil Logic") {
 					t.Errorf("error %q does not wrap the function's error", msg)
 				}

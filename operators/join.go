@@ -116,11 +116,7 @@ func Join[V any](name string, opts JoinOptions, sides ...dataflow.Stream[dataflo
 	case len(sides) < 2:
 		f.Fail(fmt.Errorf("step %q: a join needs at least 2 sides, got %d", stepID(f, name), len(sides)))
 		return zero
-	case opts.Insert > InsertProduct:
-		f.Fail(fmt.Errorf("step %q: unknown insert mode %v", stepID(f, name), opts.Insert))
-		return zero
-	case opts.Emit > EmitRunning:
-		f.Fail(fmt.Errorf("step %q: unknown emit mode %v", stepID(f, name), opts.Emit))
+	case !knownModes(f, name, opts.Insert, opts.Emit):
 		return zero
 	}
 	tagged := make([]dataflow.Stream[dataflow.KV[joinItem[V]]], len(sides))
@@ -137,6 +133,7 @@ func Join[V any](name string, opts JoinOptions, sides ...dataflow.Stream[dataflo
 	merged := dataflow.Merge(name+".merge", tagged...)
 	n, insert, emit := len(sides), opts.Insert, opts.Emit
 	return dataflow.Stateful(name, merged, dataflow.StatefulLogic[joinItem[V], joinState[V], JoinRow[V]]{
+		Codec: defaultCodec[joinState[V]](noCodecAdvice("operators.Join")),
 		OnItem: func(_ string, s *joinState[V], exists bool, it joinItem[V], out *dataflow.Emitter[JoinRow[V]]) (bool, error) {
 			if !exists {
 				s.Has = make([]bool, n)
@@ -194,9 +191,24 @@ func (s *joinState[V]) emit(out *dataflow.Emitter[JoinRow[V]], mode InsertMode, 
 		}
 		return
 	}
-	n := len(s.Lists)
+	product(s.Lists, out.Emit)
+}
+
+// JoinProduct returns the rows of the product of each side's values (lists[i] for side i), as
+// Join emits them with InsertProduct: one entry per side in the order of lists, the last side
+// varying fastest, each side's values in the order given, and a side without values giving one
+// entry with Present false. Each row owns its slices; the values are copied.
+func JoinProduct[V any](lists [][]V) []JoinRow[V] {
+	var rows []JoinRow[V]
+	product(lists, func(r JoinRow[V]) { rows = append(rows, r) })
+	return rows
+}
+
+// product hands emit the rows of JoinProduct, one at a time.
+func product[V any](lists [][]V, emit func(JoinRow[V])) {
+	n := len(lists)
 	rows := 1
-	for _, l := range s.Lists {
+	for _, l := range lists {
 		rows *= max(1, len(l))
 	}
 	vals := make([]V, rows*n)
@@ -205,17 +217,31 @@ func (s *joinState[V]) emit(out *dataflow.Emitter[JoinRow[V]], mode InsertMode, 
 	for r := range rows {
 		lo, hi := r*n, (r+1)*n
 		row, p := vals[lo:hi:hi], pres[lo:hi:hi]
-		for i, l := range s.Lists {
+		for i, l := range lists {
 			if len(l) > 0 {
 				row[i], p[i] = l[idx[i]], true
 			}
 		}
-		out.Emit(JoinRow[V]{Values: row, Present: p})
+		emit(JoinRow[V]{Values: row, Present: p})
 		for i := n - 1; i >= 0; i-- {
-			if idx[i]++; idx[i] < len(s.Lists[i]) {
+			if idx[i]++; idx[i] < len(lists[i]) {
 				break
 			}
 			idx[i] = 0
 		}
 	}
+}
+
+// knownModes fails the flow, naming the step, if insert or emit is not one of the modes a
+// join knows.
+func knownModes(f *dataflow.Flow, name string, insert InsertMode, emit EmitMode) bool {
+	switch {
+	case insert > InsertProduct:
+		f.Fail(fmt.Errorf("step %q: unknown insert mode %v", stepID(f, name), insert))
+	case emit > EmitRunning:
+		f.Fail(fmt.Errorf("step %q: unknown emit mode %v", stepID(f, name), emit))
+	default:
+		return true
+	}
+	return false
 }

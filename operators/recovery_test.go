@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,4 +175,88 @@ func TestRecoveryRefusesOpaqueState(t *testing.T) {
 	if !errors.As(err, &se) || se.Step != "t.count" {
 		t.Fatalf("got %v, want an error of step t.count", err)
 	}
+}
+
+// TestCollectTimeoutSurvivesResume: a Collect's pending timeout (a processing-time timer) is
+// part of the committed state. Run 1 reads the items and crashes once an epoch that holds
+// them is committed, before the timeout; run 2 resumes with no new input (its source stays
+// idle) and must emit each key's list when the timeout comes, once, before it is stopped;
+// run 3 ends its input at once and must emit nothing more (the lists' state is gone).
+func TestCollectTimeoutSurvivesResume(t *testing.T) {
+	const timeout = time.Second
+	items := []KI{kv("a", 1), kv("b", 2), kv("a", 3)}
+	want := map[string][]string{"a": {"[1 3]"}, "b": {"[2]"}}
+	eachWorkers(t, func(t *testing.T, workers int) {
+		sink := flowtest.NewTwoPhaseSink[dataflow.KV[[]int]](nil)
+		dir := t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// run runs the flow over src on the store; emitted sees every list Collect emits.
+		run := func(src *flowtest.Source[KI], o dataflow.Options, emitted func(dataflow.KV[[]int])) error {
+			store, err := recovery.OpenSQLite(ctx, dir, recovery.SQLiteOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			f := dataflow.New("t")
+			lists := operators.Collect("collect", operators.Input(f, "in", src.Input()), 0, timeout)
+			operators.Output("out", operators.Inspect("emitted", lists, emitted), sink.Output())
+			o.Workers, o.EpochInterval, o.Recovery, o.Logger = workers, 5*time.Millisecond, store, quiet
+			return dataflow.Run(ctx, f, o)
+		}
+		idle := func() *flowtest.Source[KI] {
+			return flowtest.NewSource(len(items), []flowtest.Event[KI]{flowtest.Items(items...), flowtest.Pause[KI](time.Hour)})
+		}
+
+		// Run 1: crash at the first commit after one whose source position is past the items
+		// (the source's Commit comes after the commit record).
+		start := time.Now()
+		src := idle()
+		crash := func(point string) bool {
+			c := src.Commits()["part-0"]
+			return point == "after-commit-record" && len(c) > 0 && (c[len(c)-1].Event > 0 || c[len(c)-1].Item == len(items))
+		}
+		var lists atomic.Int32
+		count := func(dataflow.KV[[]int]) { lists.Add(1) }
+		if err := run(src, dataflow.Options{CrashHook: crash}, count); !errors.Is(err, dataflow.ErrCrashed) {
+			t.Fatalf("run 1: %v, want a crash", err)
+		}
+		if n := lists.Load(); n > 0 {
+			t.Fatalf("run 1 emitted %d lists in %v: the timeout came before the crash (a slow machine?)", n, time.Since(start))
+		}
+
+		// Run 2: no new input; stopped once both lists are out.
+		lists.Store(0)
+		stop := make(chan struct{})
+		var once sync.Once
+		var firedAt atomic.Int64
+		err := run(idle(), dataflow.Options{Stop: stop}, func(kv dataflow.KV[[]int]) {
+			if lists.Add(1) == int32(len(want)) {
+				firedAt.Store(time.Now().UnixNano())
+				once.Do(func() { close(stop) })
+			}
+		})
+		if err != nil {
+			t.Fatalf("run 2: %v (%d lists emitted: a timer lost in the resume never fires)", err, lists.Load())
+		}
+		if n := lists.Load(); n != int32(len(want)) {
+			t.Fatalf("run 2 emitted %d lists, want %d", n, len(want))
+		}
+		if at := time.Unix(0, firedAt.Load()); at.Before(start.Add(timeout)) {
+			t.Errorf("the lists came %v after run 1 started, before the timeout of %v", at.Sub(start), timeout)
+		}
+		if got := perKey(sink.Visible()); !maps.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("after run 2: %v, want %v", got, want)
+		}
+
+		// Run 3: the input ends; an EOF would emit any list still held.
+		lists.Store(0)
+		ended := flowtest.NewSource(len(items), []flowtest.Event[KI]{flowtest.Items(items...), flowtest.EOF[KI]()})
+		if err := run(ended, dataflow.Options{}, count); err != nil {
+			t.Fatalf("run 3: %v", err)
+		}
+		if got := perKey(sink.Visible()); lists.Load() != 0 || !maps.EqualFunc(got, want, slices.Equal) {
+			t.Fatalf("after run 3 (%d lists emitted): %v, want %v", lists.Load(), got, want)
+		}
+	})
 }

@@ -8,6 +8,57 @@ import (
 	"github.com/epochflow/epochflow/dataflow"
 )
 
+// StateOptions are the optional settings of a stateful operator whose state type S the caller
+// chooses (StatefulMap, StatefulMapErr, StatefulFlatMap, Stateful); pass at most one.
+type StateOptions[S any] struct {
+	// Codec stores each key's state in the recovery store. nil means dataflow.DefaultCodec[S],
+	// and then a run with recovery refuses to start when dataflow.CheckCodec finds that S
+	// cannot round-trip through it (an interface, an unexported field): give a Codec for such
+	// an S. A codec with a method Check() error is asked at start too.
+	Codec dataflow.Codec[S]
+}
+
+// stateCodec returns the codec a stateful operator op (such as "operators.StatefulMap") stores
+// its state with: the one of opts or, without one, the default codec, whose error at start
+// names what to change (advice). A second StateOptions is a build error recorded on the flow.
+func stateCodec[S, T any](op, name string, in dataflow.Stream[T], opts []StateOptions[S], advice string) (dataflow.Codec[S], bool) {
+	if len(opts) > 1 {
+		in.Flow().Fail(fmt.Errorf("step %q: %s takes at most one StateOptions, got %d", stepID(in.Flow(), name), op, len(opts)))
+		return nil, false
+	}
+	if len(opts) == 1 && opts[0].Codec != nil {
+		return opts[0].Codec, true
+	}
+	return defaultCodec[S](advice), true
+}
+
+// defaultCodec is dataflow.DefaultCodec[S] with a Check that, when S cannot round-trip through
+// it, says what to do instead (advice, such as "or pass operators.StateOptions{Codec: ...} to
+// operators.StatefulMap").
+func defaultCodec[S any](advice string) dataflow.Codec[S] {
+	return checkedCodec[S]{Codec: dataflow.DefaultCodec[S](), check: dataflow.CheckCodec[S](), advice: advice}
+}
+
+type checkedCodec[S any] struct {
+	dataflow.Codec[S]
+	check  error
+	advice string
+}
+
+// Check tells the engine at start, when the run has recovery, that S cannot be stored.
+func (c checkedCodec[S]) Check() error {
+	if c.check != nil {
+		return fmt.Errorf("%w; %s", c.check, c.advice)
+	}
+	return nil
+}
+
+// noCodecAdvice is what the error of an operator without codec option (op) says.
+func noCodecAdvice(op string) string {
+	return fmt.Sprintf("%s takes no codec: use a value type the default codec can store, "+
+		"or write the step with dataflow.Stateful and a StatefulLogic.Codec", op)
+}
+
 // StatefulMap adds a keyed step that keeps a state S per key and maps every item with it: for
 // each item v of key k it calls fn(state, v), stores the new state, and emits out under k.
 // Items are first exchanged so that all items of a key reach the worker that owns the key, and
@@ -17,11 +68,20 @@ import (
 // emitted (the next item of the key starts again from the zero S). Epochs: the state carries
 // across epochs; out carries the epoch of its item. EOF: nothing is emitted; the output ends.
 // A panic in fn stops the flow with an error naming the step, the worker and the item.
-func StatefulMap[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(state S, item V) (newState S, out W, keep bool)) dataflow.Stream[dataflow.KV[W]] {
+//
+// With recovery, the state is stored with opts' Codec (at most one StateOptions), by default
+// with dataflow.DefaultCodec[S].
+func StatefulMap[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(state S, item V) (newState S, out W, keep bool), opts ...StateOptions[S]) dataflow.Stream[dataflow.KV[W]] {
 	if !usable(name, in, "the stateful map function", fn == nil) {
 		return dataflow.Stream[dataflow.KV[W]]{}
 	}
+	codec, ok := stateCodec("operators.StatefulMap", name, in, opts,
+		"or pass operators.StateOptions{Codec: ...} to operators.StatefulMap")
+	if !ok {
+		return dataflow.Stream[dataflow.KV[W]]{}
+	}
 	return dataflow.Stateful(name, in, dataflow.StatefulLogic[V, S, W]{
+		Codec: codec,
 		OnItem: func(_ string, state *S, _ bool, item V, out *dataflow.Emitter[W]) (bool, error) {
 			s, w, keep := fn(*state, item)
 			*state = s
@@ -35,12 +95,18 @@ func StatefulMap[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], f
 // error naming the step, the worker and the item (the key's state is not updated).
 //
 // State: as StatefulMap. Epochs: the state carries across epochs; out carries the epoch of its
-// item. EOF: nothing is emitted; the output ends.
-func StatefulMapErr[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(state S, item V) (newState S, out W, keep bool, err error)) dataflow.Stream[dataflow.KV[W]] {
+// item. EOF: nothing is emitted; the output ends. opts: as StatefulMap.
+func StatefulMapErr[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(state S, item V) (newState S, out W, keep bool, err error), opts ...StateOptions[S]) dataflow.Stream[dataflow.KV[W]] {
 	if !usable(name, in, "the stateful map function", fn == nil) {
 		return dataflow.Stream[dataflow.KV[W]]{}
 	}
+	codec, ok := stateCodec("operators.StatefulMapErr", name, in, opts,
+		"or pass operators.StateOptions{Codec: ...} to operators.StatefulMapErr")
+	if !ok {
+		return dataflow.Stream[dataflow.KV[W]]{}
+	}
 	return dataflow.Stateful(name, in, dataflow.StatefulLogic[V, S, W]{
+		Codec: codec,
 		OnItem: func(_ string, state *S, _ bool, item V, out *dataflow.Emitter[W]) (bool, error) {
 			s, w, keep, err := fn(*state, item)
 			if err != nil {
@@ -58,12 +124,19 @@ func StatefulMapErr[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]]
 //
 // State: a new key starts with the zero S; keep=false discards the key's state after out is
 // emitted. Epochs: the state carries across epochs; out carries the epoch of its item. EOF:
-// nothing is emitted; the output ends. A panic in fn stops the flow, naming the item.
-func StatefulFlatMap[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(state S, item V) (newState S, out []W, keep bool)) dataflow.Stream[dataflow.KV[W]] {
+// nothing is emitted; the output ends. A panic in fn stops the flow, naming the item. opts: as
+// StatefulMap.
+func StatefulFlatMap[V, S, W any](name string, in dataflow.Stream[dataflow.KV[V]], fn func(state S, item V) (newState S, out []W, keep bool), opts ...StateOptions[S]) dataflow.Stream[dataflow.KV[W]] {
 	if !usable(name, in, "the stateful flat-map function", fn == nil) {
 		return dataflow.Stream[dataflow.KV[W]]{}
 	}
+	codec, ok := stateCodec("operators.StatefulFlatMap", name, in, opts,
+		"or pass operators.StateOptions{Codec: ...} to operators.StatefulFlatMap")
+	if !ok {
+		return dataflow.Stream[dataflow.KV[W]]{}
+	}
 	return dataflow.Stateful(name, in, dataflow.StatefulLogic[V, S, W]{
+		Codec: codec,
 		OnItem: func(_ string, state *S, _ bool, item V, out *dataflow.Emitter[W]) (bool, error) {
 			s, ws, keep := fn(*state, item)
 			*state = s
@@ -130,8 +203,9 @@ func (BaseLogic[W]) NotifyAt() time.Time { return time.Time{} }
 // naming the item.
 //
 // With recovery (dataflow.Options.Recovery), the state stored for a key is its Logic's
-// Snapshot, encoded with dataflow.DefaultCodec[S] (so S should be a plain type: see
-// dataflow.CheckCodec; with recovery, a type it cannot round-trip refuses to start). When
+// Snapshot, encoded with opts' Codec (at most one StateOptions) or by default with
+// dataflow.DefaultCodec[S] (so S should then be a plain type: see dataflow.CheckCodec; with
+// recovery, a type it cannot round-trip refuses to start). When
 // the flow resumes, build is called with the key's last committed snapshot as resume, before
 // any item, and NotifyAt is asked again.
 //
@@ -140,8 +214,13 @@ func (BaseLogic[W]) NotifyAt() time.Time { return time.Time{} }
 // recovery). Output of OnItem carries the item's epoch, that of OnNotify and OnEOF the epoch
 // open at the time. EOF: OnEOF is called for every key that still has a Logic, then the output
 // ends.
-func Stateful[V, W, S any](name string, in dataflow.Stream[dataflow.KV[V]], build func(key string, resume *S) (Logic[V, W, S], error)) dataflow.Stream[dataflow.KV[W]] {
+func Stateful[V, W, S any](name string, in dataflow.Stream[dataflow.KV[V]], build func(key string, resume *S) (Logic[V, W, S], error), opts ...StateOptions[S]) dataflow.Stream[dataflow.KV[W]] {
 	if !usable(name, in, "the build function", build == nil) {
+		return dataflow.Stream[dataflow.KV[W]]{}
+	}
+	snap, ok := stateCodec("operators.Stateful", name, in, opts,
+		"or pass operators.StateOptions{Codec: ...} to operators.Stateful")
+	if !ok {
 		return dataflow.Stream[dataflow.KV[W]]{}
 	}
 	emit := func(ws []W, discard bool, err error, out *dataflow.Emitter[W]) (bool, error) {
@@ -153,7 +232,7 @@ func Stateful[V, W, S any](name string, in dataflow.Stream[dataflow.KV[V]], buil
 		}
 		return !discard, nil
 	}
-	codec := &logicCodec[V, W, S]{snap: dataflow.DefaultCodec[S](), check: dataflow.CheckCodec[S](), build: build}
+	codec := &logicCodec[V, W, S]{snap: snap, build: build}
 	return dataflow.Stateful(name, in, dataflow.StatefulLogic[V, logicState[V, W, S], W]{
 		Codec: codec,
 		OnItem: func(key string, st *logicState[V, W, S], exists bool, item V, out *dataflow.Emitter[W]) (bool, error) {
@@ -203,26 +282,25 @@ type logicState[V, W, S any] struct {
 }
 
 // logicCodec stores a Stateful step's state in the recovery store as its Logic's Snapshot,
-// encoded with the default codec of S, and restores it by calling build with the decoded
-// snapshot as resume.
+// encoded with the snapshot codec, and restores it by calling build with the decoded snapshot
+// as resume.
 type logicCodec[V, W, S any] struct {
 	snap  dataflow.Codec[S]
-	check error // why the default codec cannot round-trip S, or nil
 	build func(key string, resume *S) (Logic[V, W, S], error)
 }
 
-// Check tells the engine at start, when the run has recovery, that S cannot be stored.
+// Check tells the engine at start, when the run has recovery, that S cannot be stored (when
+// the snapshot codec can tell).
 func (c *logicCodec[V, W, S]) Check() error {
-	if c.check != nil {
-		return fmt.Errorf("the Logic's snapshot type cannot be stored: %w", c.check)
+	if ch, ok := c.snap.(interface{ Check() error }); ok {
+		if err := ch.Check(); err != nil {
+			return fmt.Errorf("the Logic's snapshot type cannot be stored: %w", err)
+		}
 	}
 	return nil
 }
 
 func (c *logicCodec[V, W, S]) Encode(st logicState[V, W, S]) ([]byte, error) {
-	if c.check != nil {
-		return nil, fmt.Errorf("the Logic's snapshot cannot be stored: %w", c.check)
-	}
 	return c.snap.Encode(st.logic.Snapshot())
 }
 
@@ -239,4 +317,14 @@ func (c *logicCodec[V, W, S]) Decode(key string, data []byte) (logicState[V, W, 
 		return logicState[V, W, S]{}, fmt.Errorf("key %q: build returned a nil Logic", key)
 	}
 	return logicState[V, W, S]{logic: l}, nil
+}
+
+// AppendEncode makes checkedCodec a dataflow.AppendCodec when the codec it wraps is one (the
+// default codecs are), so that stateful steps encode an epoch's states into shared buffers.
+func (c checkedCodec[S]) AppendEncode(dst []byte, s S) ([]byte, error) {
+	if a, ok := c.Codec.(dataflow.AppendCodec[S]); ok {
+		return a.AppendEncode(dst, s)
+	}
+	b, err := c.Codec.Encode(s)
+	return append(dst, b...), err
 }

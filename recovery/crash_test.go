@@ -24,7 +24,11 @@ func TestMain(m *testing.M) {
 		crashChild(dir, os.Getenv(crashModeEnv))
 		os.Exit(3) // not reached
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, dir := range damageStores.dirs {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
 }
 
 // crashChild commits epochs 1, 2, ... to the store in dir, each writing every key with the

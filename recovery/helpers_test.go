@@ -1,11 +1,14 @@
 package recovery
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,28 +119,103 @@ type fataler interface {
 	Fatal(args ...any)
 }
 
-// rows returns every snapshot row of the store, read with SQL.
+// rows returns every snapshot entry the store keeps (in every run of every step), in
+// (step, key, epoch) order, verifying what it reads.
 func rows(t fataler, s *SQLiteStore) []row {
 	t.Helper()
-	rs, err := s.db.Query(`SELECT step, key, epoch, state IS NULL FROM snapshots ORDER BY step, key, epoch`)
+	ctx := context.Background()
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rs.Close()
-	var out []row
-	for rs.Next() {
-		var r row
-		var e int64
-		if err := rs.Scan(&r.Step, &r.Key, &e, &r.Dead); err != nil {
-			t.Fatal(err)
-		}
-		r.Epoch = uint64(e)
-		out = append(out, r)
-	}
-	if err := rs.Err(); err != nil {
+	defer tx.Rollback()
+	steps, err := queryStrings(ctx, tx, `SELECT DISTINCT step FROM runs ORDER BY step`)
+	if err != nil {
 		t.Fatal(err)
 	}
+	get, err := tx.PrepareContext(ctx, selectChunkSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer get.Close()
+	var out []row
+	for _, step := range steps {
+		runs, err := readRuns(ctx, tx, step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			c := newRunCursor(r, stmtGetter(ctx, get), true, s.path)
+			for {
+				e, err := c.next()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if e == nil {
+					break
+				}
+				out = append(out, row{step, e.key, e.epoch, e.dead})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b row) int {
+		return cmp.Or(strings.Compare(a.Step, b.Step), strings.Compare(a.Key, b.Key), cmp.Compare(a.Epoch, b.Epoch))
+	})
 	return out
+}
+
+// compactAll merges all runs of every step into one, in one transaction, collecting up to
+// the store's horizon: what garbage collection must leave of the store.
+func compactAll(t fataler, s *SQLiteStore) {
+	t.Helper()
+	ctx := context.Background()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := func() error {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		var horizon, id int64
+		if err := tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE name = 'gc_horizon'`).Scan(&horizon); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT IFNULL(MAX(id), 0) FROM runs`).Scan(&id); err != nil {
+			return err
+		}
+		steps, err := queryStrings(ctx, tx, `SELECT DISTINCT step FROM runs ORDER BY step`)
+		if err != nil {
+			return err
+		}
+		st, err := prepare(ctx, tx)
+		if err != nil {
+			return err
+		}
+		defer st.close()
+		for _, step := range steps {
+			runs, err := readRuns(ctx, tx, step)
+			if err != nil {
+				return err
+			}
+			id++
+			merged, ok, err := s.merge(ctx, tx, st, runs, uint64(horizon), true, id)
+			if err != nil {
+				return err
+			}
+			var kept []runInfo
+			if ok {
+				kept = append(kept, merged)
+			}
+			if err := writeStepSum(ctx, tx, step, uint64(horizon), totals(kept)); err != nil {
+				return err
+			}
+		}
+		return tx.Commit()
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // files returns the name and content of every file under dir.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -140,7 +141,7 @@ func TestCommitErrors(t *testing.T) {
 		{"snapshot at committed epoch", Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []Snapshot{snap("s", "j", 6, "x"), snap("s", "k", 5, "x")}}, ErrEpochOrder, "at or before the committed epoch 5"},
 		{"snapshot epoch 0", Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []Snapshot{snap("s", "k", 0, "x")}}, ErrEpochOrder, "has epoch 0"},
 		{"too few frontiers", Epoch{Epoch: 6, Frontiers: []uint64{6}}, nil, "1 frontiers for 2 workers"},
-		{"duplicate snapshot", Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []Snapshot{snap("s", "a", 6, "x"), snap("s", "k", 6, "x"), tomb("s", "k", 6)}}, nil, "UNIQUE"},
+		{"duplicate snapshot", Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []Snapshot{snap("s", "a", 6, "x"), snap("s", "k", 6, "x"), tomb("s", "k", 6)}}, nil, `key "k" epoch 6 appears twice`},
 		{"canceled", Epoch{Epoch: 6, Frontiers: []uint64{6, 6}}, context.Canceled, ""},
 	}
 	for _, c := range cases {
@@ -318,9 +319,20 @@ func TestLoadMany(t *testing.T) {
 		t.Fatalf("Steps() = %+v", infos)
 	}
 	for i, st := range steps {
-		// With BackupInterval 0 only live keys' newest snapshots are kept.
-		if want := (StepInfo{Step: st, Keys: len(want), Bytes: bytes, Rows: len(want)}); infos[i] != want {
+		// Rows counts every entry kept: until a compaction, the replaced ones too (the
+		// second commit's run is smaller than the first's, so it was not merged yet).
+		if want := (StepInfo{Step: st, Keys: len(want), Bytes: bytes, Rows: keys + 2*keys/3}); infos[i] != want {
 			t.Errorf("Steps()[%d] = %+v, want %+v", i, infos[i], want)
+		}
+	}
+	// With BackupInterval 0, a compaction leaves only the live keys' newest snapshots.
+	compactAll(t, s)
+	if infos, err = s.Steps(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range steps {
+		if want := (StepInfo{Step: st, Keys: len(want), Bytes: bytes, Rows: len(want)}); infos[i] != want {
+			t.Errorf("after compaction, Steps()[%d] = %+v, want %+v", i, infos[i], want)
 		}
 	}
 }
@@ -376,8 +388,17 @@ func TestGarbageCollection(t *testing.T) {
 			for _, st := range c.steps {
 				clk.Advance(st.advance)
 				commit(t, s, 1, st.epoch, st.snaps...)
+				// The commit may leave collectable entries to a later compaction, never
+				// collect one that must stay; a compaction collects exactly what may go.
+				got := rows(t, s)
+				for _, r := range st.rows {
+					if !slices.Contains(got, r) {
+						t.Fatalf("after commit %d: rows %v, want at least %v", st.epoch, got, st.rows)
+					}
+				}
+				compactAll(t, s)
 				if got := rows(t, s); !reflect.DeepEqual(got, st.rows) {
-					t.Fatalf("after commit %d: rows %v, want %v", st.epoch, got, st.rows)
+					t.Fatalf("after commit %d and a compaction: rows %v, want %v", st.epoch, got, st.rows)
 				}
 			}
 		})
@@ -478,7 +499,7 @@ func TestOpenRefusals(t *testing.T) {
 		msg   string
 	}{
 		{"newer schema", store(`UPDATE meta SET value = 7 WHERE name = 'schema_version'`), nil, SQLiteOptions{},
-			ErrSchemaVersion, "has schema version 7, this binary knows 1: use a newer binary, or another recovery directory"},
+			ErrSchemaVersion, "has schema version 7, this binary knows 3: use a newer binary, or another recovery directory"},
 		{"newer schema, store open elsewhere", func(t *testing.T, dir string) {
 			// The writer stays open (until the test ends), so the -wal file exists and holds the edit.
 			s := open(t, dir, SQLiteOptions{})
@@ -492,15 +513,15 @@ func TestOpenRefusals(t *testing.T) {
 			}
 		}, nil, SQLiteOptions{}, ErrSchemaVersion, "has schema version 7"},
 		{"newer schema read-only", store(`UPDATE meta SET value = 7 WHERE name = 'schema_version'`), nil, SQLiteOptions{ReadOnly: true},
-			ErrSchemaVersion, "has schema version 7, this binary knows 1"},
+			ErrSchemaVersion, "has schema version 7, this binary knows 3"},
 		{"schema version 0", store(`UPDATE meta SET value = 0 WHERE name = 'schema_version'`), nil, SQLiteOptions{},
 			ErrNotStore, "schema version 0, which no epochflow release wrote"},
 		{"schema version not a number", store(`UPDATE meta SET value = 'one' WHERE name = 'schema_version'`), nil, SQLiteOptions{},
 			ErrNotStore, "not an integer"},
 		{"no schema version", store(`DELETE FROM meta WHERE name = 'schema_version'`), nil, SQLiteOptions{},
 			ErrNotStore, "has no schema_version"},
-		{"missing table", store(`DROP TABLE snapshots`), nil, SQLiteOptions{},
-			ErrNotStore, "lacks table(s) snapshots: it is corrupt"},
+		{"missing table", store(`DROP TABLE chunks`), nil, SQLiteOptions{},
+			ErrNotStore, "lacks table(s) chunks: it is corrupt"},
 		{"another database", func(t *testing.T, dir string) {
 			db, err := sql.Open("sqlite", filepath.Join(dir, FileName))
 			if err != nil {
@@ -525,6 +546,14 @@ func TestOpenRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, nil, SQLiteOptions{ReadOnly: true}, ErrNotStore, "file is not a database"},
+		{"damaged table", func(t *testing.T, dir string) {
+			store("")(t, dir)
+			damagePage(t, dir, "executions")
+		}, nil, SQLiteOptions{}, ErrDamaged, "free space corruption (in executions)"},
+		{"damaged table read-only", func(t *testing.T, dir string) {
+			store("")(t, dir)
+			damagePage(t, dir, "commits")
+		}, nil, SQLiteOptions{ReadOnly: true}, ErrDamaged, "(in commits); the flow cannot resume from it: restore a backup of the directory"},
 		{"store is a directory", func(t *testing.T, dir string) {
 			if err := os.Mkdir(filepath.Join(dir, FileName), 0o755); err != nil {
 				t.Fatal(err)
@@ -690,4 +719,23 @@ func TestSecondWriterIsRefused(t *testing.T) {
 	if ex, err := w2.Executions(ctx); err != nil || len(ex) != 1 {
 		t.Errorf("after the first store closed: executions %v, %v", ex, err)
 	}
+}
+
+// damagePage overwrites the first free block pointer of the root page of table in the store
+// in dir, which SQLite's quick check reports as free space corruption.
+func damagePage(t *testing.T, dir, table string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, FileName)+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root, pageSize int64
+	if err := db.QueryRow(`SELECT rootpage FROM sqlite_schema WHERE name = ?`, table).Scan(&root); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(`PRAGMA page_size`).Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	overwrite(t, dir, (root-1)*pageSize+1, []byte{0xff, 0xff})
 }

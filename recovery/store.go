@@ -6,10 +6,45 @@
 // committed epoch to resume after; Load hands every step its newest committed state per key;
 // then, once per committed epoch, Commit writes that epoch's snapshots and frontiers and marks
 // the epoch committed, all at once. Snapshots that a newer committed snapshot of the same key
-// has replaced are garbage-collected by Commit, once they are older than the backup window.
+// has replaced are garbage-collected, once they are older than the backup window.
 //
-// SQLiteStore (OpenSQLite) is the embedded implementation. The package imports nothing of
-// epochflow, so other stores (PostgreSQL) can implement Store alongside it.
+// # What the file holds
+//
+// SQLiteStore (OpenSQLite) is the embedded implementation: one SQLite file in WAL mode,
+// FileName in the recovery directory (with its -wal and -shm files while a flow has it open).
+// Besides small tables (executions, frontiers, the commits inside the backup window), it holds
+// the snapshots as runs, as in a log-structured merge tree: each commit writes, per step it
+// has snapshots of, one run, its snapshots sorted by key and encoded compactly (keys
+// prefix-compressed) into chunks of about 256 KiB, each chunk one row with its entry count and
+// a CRC-32C checksum. A commit of a million changed keys is some forty rows, not a million.
+// Load merges a step's runs and returns each key's newest snapshot.
+//
+// Garbage collection is compaction: inside a Commit's transaction, the step's runs are merged
+// into one, dropping the snapshots that a newer one replaced and the tombstones, once those
+// are older than the backup window, when the newer runs together weigh as much as the
+// oldest (the base), which is then the live state plus the window's backups again; smaller
+// runs are merged with their neighbours as they accumulate, so a step has at most a dozen
+// runs. So the file holds at most about twice the live state plus what the backup window
+// keeps (the encoding is smaller than the keys and states themselves: 10 to 15 bytes per
+// snapshot of a short key with a counter for state), and the -wal file up to one commit's
+// writes (about the size of the base when a commit merges it) or 4 MiB, whichever is more.
+// SQLite reuses freed pages; the file does not shrink.
+//
+// `epochflow recovery inspect DIR` shows, per step, the keys Load returns and their bytes, and
+// ROWS: the snapshot entries the store keeps for it (backups, tombstones and replaced ones that
+// no compaction has dropped yet included); it verifies the whole store as a resume would.
+//
+// # Verification
+//
+// A store verifies itself before the engine trusts it: a damaged one (SQLite's check of the
+// file fails, a chunk's checksum or entry count differs from its row's, or a step's runs are
+// not the ones its commits recorded in their per-step entry counts and checksum sums) is
+// refused with an error wrapping ErrDamaged that names the file and the step, and Load never
+// returns nil after handing out part of a step's state. Compaction verifies what it merges.
+//
+// The package imports nothing of epochflow but internal/storecheck (the switch with which
+// benchmarks turn verification off, which imports nothing), so other stores (PostgreSQL) can
+// implement Store alongside it.
 package recovery
 
 import (
@@ -21,7 +56,14 @@ import (
 // SchemaVersion is the version of the store layout this code reads and writes. A store
 // recorded with another version is refused by OpenSQLite (see ErrSchemaVersion): this code
 // never reads or writes a layout it does not know.
-const SchemaVersion = 1
+//
+// Version 2 added the per-step row counts and checksums that Load verifies (table
+// step_sums); OpenSQLite migrates a version 1 store to it, after SQLite's check of the whole
+// file, computing them from the rows as they are. Version 3 stores the snapshots as sorted
+// runs of chunks (a few large rows per commit) instead of a row per (step, key, epoch);
+// OpenSQLite migrates a version 2 store (and a version 1 store through version 2) to it,
+// after checking its rows against their sums, writing each step's rows as one run.
+const SchemaVersion = 3
 
 // Errors that the stores return wrapped (test with errors.Is); the wrapping error names the
 // store and says what to do.
@@ -29,8 +71,16 @@ var (
 	// ErrSchemaVersion: the store was written by a newer binary (or by an older one that this
 	// binary cannot migrate).
 	ErrSchemaVersion = errors.New("unsupported recovery store schema version")
-	// ErrNotStore: the file is not an epochflow recovery store, or it is corrupt.
+	// ErrNotStore: the file is not an epochflow recovery store: not an SQLite database, or one
+	// without epochflow's tables.
 	ErrNotStore = errors.New("not an epochflow recovery store")
+	// ErrDamaged: the store's file is damaged: SQLite's check of the file failed, or a step's
+	// snapshots are not those its commits recorded (a chunk's checksum or entry count, or
+	// the step's totals, differ).
+	// The flow must not resume from it: the error names the file, the step where the damage
+	// is attributable to one, and the ways out (restore a backup of the directory, or start
+	// over with a new recovery directory, which replays the flow from its sources).
+	ErrDamaged = errors.New("recovery store is damaged")
 	// ErrNoStore: a read-only open found no store.
 	ErrNoStore = errors.New("no recovery store")
 	// ErrOtherFlow: Begin was called with a flow name other than the one the store belongs to.
@@ -73,12 +123,16 @@ type Store interface {
 	// of the current execution; a (step, key, epoch) may appear once. Epochs are at most
 	// math.MaxInt64.
 	//
-	// Commit also garbage-collects: a snapshot is deleted once a newer snapshot of the same
-	// (step, key) exists whose epoch was committed at least the store's backup window ago
-	// (for SQLiteStore, SQLiteOptions.BackupInterval; 0 keeps only the newest snapshot of
-	// each key), and a tombstone is deleted (with everything older of its key) once its
-	// epoch was committed at least the window ago. Nothing Load can return is ever
-	// collected. Frontiers are stored as given (math.MaxUint64 included).
+	// Commit also garbage-collects: a snapshot may be deleted once a newer snapshot of the
+	// same (step, key) exists whose epoch was committed at least the store's backup window
+	// ago (for SQLiteStore, SQLiteOptions.BackupInterval; 0 keeps only the newest snapshot of
+	// each key), and a tombstone (with everything older of its key) once its epoch was
+	// committed at least the window ago; nothing else is ever deleted, so nothing Load can
+	// return, and no backup inside the window. A store may delete them later than that (for
+	// SQLiteStore, when a compaction merges the step's runs), but keeps its size
+	// proportional to the live state plus the window's backups. Snapshots of one Commit may
+	// hold several epochs of a key, in any order. Frontiers are stored as given
+	// (math.MaxUint64 included).
 	Commit(ctx context.Context, e Epoch) error
 
 	// Load calls fn, in ascending byte order of key, with the newest snapshot of every key of
@@ -86,6 +140,11 @@ type Store interface {
 	// snapshot is a tombstone. state is a fresh slice that fn may keep (it may be empty, never
 	// nil). Load stops at the first error fn returns and returns that error unchanged. Load
 	// may be called from several goroutines at once.
+	//
+	// Load verifies what it read: if the step's snapshots are not those its commits recorded, or
+	// the store's file is damaged, it returns an error wrapping ErrDamaged, possibly after
+	// fn was called for some keys. Only a nil return says that fn received all of the step's
+	// state: after an error the caller discards what fn received, and does not resume.
 	Load(ctx context.Context, step string, fn func(key string, epoch uint64, state []byte) error) error
 
 	// Committed returns the committed epoch, the execution that committed it and when (the
@@ -98,13 +157,15 @@ type Store interface {
 
 	// StepIDs returns the ids of the steps the store keeps snapshots of (tombstones included),
 	// in ascending order; the same steps as Steps, but without reading their snapshots, so
-	// its cost does not grow with the number of keys.
+	// its cost does not grow with the number of keys. A step whose snapshots are gone, or
+	// snapshots of a step that no commit recorded, make it return an error wrapping ErrDamaged.
 	StepIDs(ctx context.Context) ([]string, error)
 
 	// Steps returns, for every step that has snapshots, ordered by step id, how many keys
-	// Load would return for it and their bytes, and how many snapshot rows (older backups and
-	// tombstones included) the store keeps for it. It reads every snapshot row: it is for
-	// inspection (about 1.5 s for a million keys), not for a flow's start; see StepIDs.
+	// Load would return for it and their bytes, and how many snapshots (older backups,
+	// tombstones and replaced ones not yet collected included) the store keeps for it. It
+	// reads every snapshot, without verifying them (Verify does): it is for inspection
+	// (about 0.4 s for a million keys), not for a flow's start; see StepIDs.
 	Steps(ctx context.Context) ([]StepInfo, error)
 
 	// Close releases the store. A store that is not closed (a crash) loses nothing that
@@ -167,5 +228,5 @@ type StepInfo struct {
 	Step  string // the step id
 	Keys  int    // the number of keys Load returns for the step
 	Bytes int64  // the total size of the states Load returns
-	Rows  int    // the snapshot rows kept, older backups and tombstones included
+	Rows  int    // the snapshots kept: older backups, tombstones and replaced ones not yet collected included
 }

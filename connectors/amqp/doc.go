@@ -66,6 +66,13 @@
 // stops with an error naming the queue and the message id. Nacking at commit, not at once,
 // keeps the rule that nothing is acknowledged (nor dead-lettered) before its epoch commits.
 //
+// Lag: each consumer reports epochflow_source_lag (dataflow.Metrics) about once a second: the
+// messages it holds unacknowledged (read, their epoch not yet committed), and for
+// "consumer-0" also the messages ready in the queue (a passive declaration on a channel of its
+// own), so that the sum over the consumers is the backlog: it rises while messages wait and is
+// 0 once the queue is drained and every epoch committed. Messages the broker has sent but the
+// consumer not yet read (at most the prefetch) are not counted.
+//
 // End: the source never ends unless SourceConfig.IdleExit is set: then each consumer ends
 // (io.EOF) once no message has arrived for that long and the broker reports no ready message
 // in the queue, for drains and backfills.

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -24,9 +25,13 @@ const (
 	// committed. See SourceConfig.Prefetch for how to size it.
 	DefaultPrefetch = 20000
 	// DefaultReconnectMin and DefaultReconnectMax bound the back-off between reconnection
-	// attempts: it starts at the minimum and doubles up to the maximum.
+	// attempts: it starts at the minimum and doubles up to the maximum. Since it doubles, the
+	// wait between the broker's return and the reconnection is at most about as long as the
+	// outage was, and never longer than the maximum: 5 s, a few failed dials a minute per
+	// consumer against a broker that stays down, for a flow that resumes at most 5 s after it
+	// is back.
 	DefaultReconnectMin = 100 * time.Millisecond
-	DefaultReconnectMax = 10 * time.Second
+	DefaultReconnectMax = 5 * time.Second
 	// DefaultURL is the URL of a local RabbitMQ with its default account.
 	DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 )
@@ -87,6 +92,31 @@ type SourceConfig struct {
 	// Logger receives the source's logs (reconnections, the prefetch limit, dead-lettered
 	// messages); nil means the run's logger (dataflow.Logger).
 	Logger *slog.Logger
+	// FieldNames renames the fields of this struct in the source's errors and logs, for a
+	// program whose users set them some other way: a command maps "Prefetch" to
+	// "flag -prefetch", so that its users read the name of its own flag. A field mapped to ""
+	// is one the program does not offer: a message that would advise setting it leaves that
+	// advice out. A field missing from the map (or a nil map) is named as in Go,
+	// "SourceConfig.Prefetch".
+	FieldNames map[string]string
+}
+
+// name is how errors and logs name the field (see FieldNames); ok is false for a field the
+// program does not offer.
+func (c *SourceConfig) name(field string) (n string, ok bool) {
+	if n, found := c.FieldNames[field]; found {
+		return n, n != ""
+	}
+	return "SourceConfig." + field, true
+}
+
+// fieldName is name without ok, for a field an error must name even where the program does
+// not offer it (a program that leaves a field out of its options never sets it wrong).
+func (c *SourceConfig) fieldName(field string) string {
+	if n, ok := c.name(field); ok {
+		return n
+	}
+	return "SourceConfig." + field
 }
 
 // QueueOptions are the arguments of a queue declaration (see amqp091.Channel.QueueDeclare).
@@ -148,31 +178,35 @@ func NewSource[T any](cfg SourceConfig, decode func(Message) (T, error)) *Source
 // check validates the configuration, naming the field at fault.
 func (c *SourceConfig) check() error {
 	if c.Queue == "" {
-		return errors.New("amqp source: SourceConfig.Queue is empty")
+		return fmt.Errorf("amqp source: %s is empty", c.fieldName("Queue"))
 	}
 	if c.URL == "" {
 		c.URL = DefaultURL
 	}
 	if _, err := amqp091.ParseURI(c.URL); err != nil {
-		return fmt.Errorf("amqp source: queue %q: SourceConfig.URL %s: %w", c.Queue, redact(c.URL), err)
+		return fmt.Errorf("amqp source: queue %q: %s %s: %w", c.Queue, c.fieldName("URL"), redact(c.URL), err)
 	}
 	if c.Prefetch == 0 {
 		c.Prefetch = DefaultPrefetch
 	}
 	if c.Prefetch < 0 || c.Prefetch > maxPrefetch {
-		return fmt.Errorf("amqp source: queue %q: SourceConfig.Prefetch is %d, want 1..%d (0 for the default %d)", c.Queue, c.Prefetch, maxPrefetch, DefaultPrefetch)
+		return fmt.Errorf("amqp source: queue %q: %s is %d, want 1..%d (0 for the default %d)", c.Queue, c.fieldName("Prefetch"), c.Prefetch, maxPrefetch, DefaultPrefetch)
 	}
 	if c.Consumers < 0 {
-		return fmt.Errorf("amqp source: queue %q: SourceConfig.Consumers is %d, want 0 (one per worker) or more", c.Queue, c.Consumers)
+		return fmt.Errorf("amqp source: queue %q: %s is %d, want 0 (one per worker) or more", c.Queue, c.fieldName("Consumers"), c.Consumers)
 	}
 	if c.IdleExit < 0 {
-		return fmt.Errorf("amqp source: queue %q: SourceConfig.IdleExit is %v, want 0 (never) or more", c.Queue, c.IdleExit)
+		return fmt.Errorf("amqp source: queue %q: %s is %v, want 0 (never) or more", c.Queue, c.fieldName("IdleExit"), c.IdleExit)
 	}
-	if c.ReconnectMin <= 0 {
+	if c.ReconnectMin < 0 || c.ReconnectMax < 0 {
+		return fmt.Errorf("amqp source: queue %q: %s is %v and %s is %v, want 0 (the default) or more", c.Queue,
+			c.fieldName("ReconnectMin"), c.ReconnectMin, c.fieldName("ReconnectMax"), c.ReconnectMax)
+	}
+	if c.ReconnectMin == 0 {
 		c.ReconnectMin = DefaultReconnectMin
 	}
-	if c.ReconnectMax <= 0 {
-		c.ReconnectMax = DefaultReconnectMax
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectMin)
 	}
 	if c.ReconnectMax < c.ReconnectMin {
 		c.ReconnectMax = c.ReconnectMin
@@ -238,6 +272,8 @@ func (s *Source[T]) Build(ctx context.Context, part string, resume *uint64) (dat
 		gen:       1,
 	}
 	c.led.setLive(1)
+	c.lag = dataflow.Metrics(ctx)
+	c.countsWaiting = part == "consumer-0"
 	if resume != nil {
 		c.led.resume(*resume)
 	}
@@ -277,6 +313,13 @@ type consumer[T any] struct {
 	log       *slog.Logger
 	onOp      func(string, ackOp, bool, error)
 	onSession func(string, uint64)
+
+	// The source lag (see the package doc): the messages this consumer holds unacknowledged
+	// (held, set by the worker), plus, for the first consumer (countsWaiting), the messages
+	// ready in the queue, which the consumer's goroutine reads every lagInterval.
+	lag           dataflow.MetricsHook
+	countsWaiting bool
+	held          atomic.Int64
 
 	// Owned by the worker (Next, Snapshot, Commit).
 	led       ledger
@@ -341,7 +384,11 @@ func (c *consumer[T]) connect() (*session, error) {
 		}
 	} else if _, err = ch.QueueDeclarePassive(c.cfg.Queue, false, false, false, false, nil); err != nil {
 		if isCode(err, amqp091.NotFound) {
-			return fail("the queue does not exist (declare it, or set SourceConfig.Declare)", err)
+			advice := "declare it"
+			if n, ok := c.cfg.name("Declare"); ok {
+				advice += ", or set " + n
+			}
+			return fail("the queue does not exist ("+advice+")", err)
 		}
 		return fail("checking the queue", err)
 	}
@@ -478,6 +525,10 @@ func (c *consumer[T]) signal() {
 // maxDrain bounds the deliveries one Next reads from the stream.
 const maxDrain = 2048
 
+// lagInterval is how often a consumer reports its lag (and the first one reads the queue's
+// ready count for it).
+const lagInterval = time.Second
+
 // maxYields is how many times in a row Next lets the library's goroutines run without a new
 // delivery before it hands the stream back to the consumer's goroutine: under load that turns
 // one wake-up of the worker per message or two into one per batch, at no cost in latency when
@@ -498,9 +549,25 @@ func (c *consumer[T]) serve(s *session) error {
 	c.mu.Lock()
 	c.stream, c.streamGen, c.serveOwns = s.deliveries, s.gen, true
 	c.mu.Unlock()
+	lagTick := time.NewTicker(lagInterval)
+	defer lagTick.Stop()
+	waiting := 0
 	watch := s.deliveries // nil while the worker reads the stream
 	for {
 		select {
+		case <-lagTick.C:
+			if c.countsWaiting {
+				q, err := c.inspect(s)
+				if err != nil {
+					if isCode(err, amqp091.NotFound) {
+						c.fail(fmt.Errorf("the queue was deleted: %w", err))
+						continue
+					}
+					return err
+				}
+				waiting = q.Messages
+			}
+			c.lag.SourceLag(c.part, float64(waiting)+float64(c.held.Load()))
 		case d, ok := <-watch:
 			if !ok {
 				return c.closedWhy(s, "the broker cancelled the consumer")
@@ -669,7 +736,11 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 		v, derr := c.decodeSafe(m)
 		if derr != nil {
 			if !c.cfg.DeadLetter {
-				return nil, fmt.Errorf("amqp source: queue %q: %s was rejected by the decode function, and no dead-lettering is configured (SourceConfig.DeadLetter): %w", c.cfg.Queue, m, derr)
+				how := ""
+				if n, ok := c.cfg.name("DeadLetter"); ok {
+					how = " (" + n + ")"
+				}
+				return nil, dataflow.Permanent(fmt.Errorf("amqp source: queue %q: %s was rejected by the decode function, and no dead-lettering is configured%s: %w", c.cfg.Queue, m, how, derr))
 			}
 			c.log.Warn("amqp source: message rejected by the decode function; it goes to the queue's dead-letter exchange when its epoch commits",
 				"message_id", m.MessageId, "routing_key", m.RoutingKey, "redelivered", m.Redelivered, "error", derr)
@@ -683,6 +754,7 @@ func (c *consumer[T]) Next(context.Context) ([]T, error) {
 		}
 		out = append(out, v)
 	}
+	c.held.Store(int64(c.led.outstanding()))
 	if c.led.outstanding() >= c.cfg.Prefetch {
 		c.atLimit()
 	}
@@ -755,7 +827,7 @@ func (c *consumer[T]) atLimit() {
 	c.hitLimit = true
 	c.limitHits++
 	if now := time.Now(); now.Sub(c.limitLog) >= time.Minute {
-		c.log.Warn("amqp source: the consumer holds as many unacknowledged messages as its prefetch allows; the broker sends no more until an epoch commits, so throughput is bounded by the prefetch per commit interval: raise SourceConfig.Prefetch (at most 65535), add consumers or shorten the epoch interval",
+		c.log.Warn("amqp source: the consumer holds as many unacknowledged messages as its prefetch allows; the broker sends no more until an epoch commits, so throughput is bounded by the prefetch per commit interval: raise "+c.cfg.fieldName("Prefetch")+" (at most 65535), add consumers or shorten the epoch interval",
 			"prefetch", c.cfg.Prefetch, "epochs_at_limit", c.limitHits)
 		c.limitLog = now
 		c.limitHits = 0
@@ -776,6 +848,7 @@ func (c *consumer[T]) Commit(_ context.Context, seq uint64) error {
 	if err != nil {
 		return fmt.Errorf("amqp source: queue %q: %w", c.cfg.Queue, err)
 	}
+	c.held.Store(int64(c.led.outstanding()))
 	c.mu.Lock()
 	ferr := c.err
 	c.ops = append(c.ops, ops...)

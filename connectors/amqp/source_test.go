@@ -362,6 +362,9 @@ func TestPoisonWithoutDeadLetterStops(t *testing.T) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
 	}
+	if !dataflow.IsPermanent(err) {
+		t.Errorf("error %q is not marked permanent: a restart would read the message and fail again", err)
+	}
 	eventually(t, 20*time.Second, "the 4 messages to be back", func() bool { return ready(t, q) == 4 })
 }
 

@@ -33,9 +33,9 @@ func TestCopyWorkers(t *testing.T) {
 	for _, workers := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint(workers), func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "out.txt")
-			write(t, out, strings.Repeat("stale content\n", 100)) // a fresh run truncates it
+			write(t, out, strings.Repeat("stale content\n", 100)) // a fresh run told to replace it truncates it
 			f := dataflow.New("copy")
-			dataflow.Output("write", dataflow.Input(f, "read", file.Lines(paths...)), file.WriteLines(out))
+			dataflow.Output("write", dataflow.Input(f, "read", file.Lines(paths...)), file.WriteLines(out, file.OnExisting(file.Replace)))
 			if err := run(t, f, workers); err != nil {
 				t.Fatal(err)
 			}
@@ -171,8 +171,8 @@ func TestSinkCrashAndResume(t *testing.T) {
 		t.Fatalf("resume beyond the end: error %v, want one naming the path and both sizes", err)
 	}
 
-	// A fresh start truncates to zero.
-	p, err = sink.Build(ctx, path, nil)
+	// A fresh start told to replace the file truncates it to zero.
+	p, err = file.NewLineSink[string](path, nil, file.OnExisting(file.Replace)).Build(ctx, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,13 +191,15 @@ func TestSinkCrashBeforeFlush(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "out.txt")
 	ctx := context.Background()
 	sink := file.NewLineSink[int](path, nil)
-	p, err := sink.Build(ctx, path, nil)
+	crashed, crash := context.WithCancelCause(ctx)
+	p, err := sink.Build(crashed, path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Write(ctx, []int{1, 2, 3})
 	s := mustSnapshot(t, p)
-	p.Write(ctx, []int{4}) // buffered only; p is abandoned without Close
+	p.Write(ctx, []int{4})     // buffered only; p is abandoned without Close
+	crash(dataflow.ErrCrashed) // as the engine's crash hook ends a run: its lock goes with it
 	p2, err := sink.Build(ctx, path, &s)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,19 @@
 // Sinks: LinesOut and WriteLines write one file. Every epoch's end flushes and fsyncs the file
 // and snapshots its length; a resumed flow truncates the file to the length of the last
 // committed snapshot before it writes again, so every item ends up in the file exactly once.
+// A fresh run does not destroy a file that holds data it has no state for: it refuses it unless
+// told to replace it or append to it (IfExists). A sink locks its file, so a second writer is
+// refused.
+//
+// Partitions are keyed by absolute, cleaned paths (a sink's with symbolic links resolved): a
+// flow resumed from another working directory with the same relative paths, or a sink resumed
+// through a link that leads to another file now, names other files, and the engine refuses the
+// resume (naming the stored and the listed partitions) instead of continuing onto other files.
+//
+// Exactly once holds within one flow. Two flows reading one queue into one file each, with
+// their own recovery stores, do not share their state: a message that one of them wrote and
+// that a crash made the broker redeliver may be written again by the other. To scale out, give
+// one flow more workers (dataflow.Options.Workers, the -workers flag), not more flows.
 //
 // A line is what comes before a "\n", without the "\n" and without one "\r" right before it
 // (the rule of bufio.ScanLines, so files with Windows line ends read the same). A last line
@@ -35,8 +48,9 @@ const (
 )
 
 // Lines returns a source that reads the lines of the given files, one partition per file in the
-// order given; the partition key is the path exactly as given (a path listed twice is an error
-// when the run starts). Partition i is read by worker i % workers, and the lines of one file
+// order given; the partition key is the file's absolute, cleaned path (filepath.Abs), so that a
+// run resumed from another working directory does not take a relative path for another file (a
+// file listed twice, under any spelling of its path, is an error when the run starts). Partition i is read by worker i % workers, and the lines of one file
 // arrive in file order.
 //
 // State and resume: each partition's snapshot is the byte offset just after the last line
@@ -55,7 +69,8 @@ func Lines(paths ...string) dataflow.Source[string] {
 
 // Dir returns a source that reads the lines of the regular files directly in dir (not in its
 // subdirectories) whose names match pattern (path/filepath.Match syntax; "" means "*"), one
-// partition per file, keyed by filepath.Join(dir, name) and sorted by name. The directory is
+// partition per file, keyed by the absolute path of dir joined with the name, and sorted by
+// name. The directory is
 // listed once, when the run starts; symbolic links to regular files are read. A missing
 // directory, a malformed pattern, a matching entry that cannot be examined (a broken link), or
 // no matching file at all fails the run at start (an empty match is far more often a mistake
@@ -89,24 +104,34 @@ func NewDirSource(dir, pattern string) *LineSource {
 	return &LineSource{dir: dir, pattern: pattern, listDir: true}
 }
 
-// Parts returns the paths of the files, in the order of Lines's arguments or, for Dir, sorted
-// by name.
+// Parts returns the absolute, cleaned paths of the files, in the order of Lines's arguments
+// or, for Dir, sorted by name.
 func (s *LineSource) Parts(context.Context) ([]string, error) {
 	if !s.listDir {
 		if len(s.paths) == 0 {
 			return nil, errors.New("file.Lines: no path given")
 		}
+		paths := make([]string, len(s.paths))
 		for i, p := range s.paths {
 			if p == "" {
 				return nil, fmt.Errorf("file.Lines: path %d is empty", i)
 			}
+			abs, err := filepath.Abs(p)
+			if err != nil {
+				return nil, fmt.Errorf("file.Lines: %s: %w", p, err)
+			}
+			paths[i] = abs
 		}
-		return slices.Clone(s.paths), nil
+		return paths, nil
 	}
 	if _, err := filepath.Match(s.pattern, ""); err != nil {
 		return nil, fmt.Errorf("file.Dir %q: pattern %q: %w", s.dir, s.pattern, err)
 	}
-	entries, err := os.ReadDir(s.dir) // sorted by name
+	dir, err := filepath.Abs(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("file.Dir: %s: %w", s.dir, err)
+	}
+	entries, err := os.ReadDir(dir) // sorted by name
 	if err != nil {
 		return nil, fmt.Errorf("file.Dir: %w", err)
 	}
@@ -115,7 +140,7 @@ func (s *LineSource) Parts(context.Context) ([]string, error) {
 		if ok, _ := filepath.Match(s.pattern, e.Name()); !ok {
 			continue
 		}
-		p := filepath.Join(s.dir, e.Name())
+		p := filepath.Join(dir, e.Name())
 		fi, err := os.Stat(p) // follows symbolic links
 		if err != nil {
 			return nil, fmt.Errorf("file.Dir: %w", err)

@@ -127,6 +127,18 @@ func slot(t testing.TB, conn *pgx.Conn, name string) slotInfo {
 	return s
 }
 
+// waitSlotCreated waits until the flow's source has created its slot and streams from it. A
+// slot is listed, and active, while CREATE_REPLICATION_SLOT still waits for a consistent point:
+// its confirmed_flush_lsn is NULL then, and what commits before that point is not streamed.
+func waitSlotCreated(t testing.TB, conn *pgx.Conn, name string) {
+	t.Helper()
+	eventually(t, "the slot "+name+" to be created and active", func() bool {
+		var n int
+		conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active AND confirmed_flush_lsn IS NOT NULL", name).Scan(&n)
+		return n == 1
+	})
+}
+
 // eventually polls cond for up to 20 s.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()

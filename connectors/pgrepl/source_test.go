@@ -111,6 +111,9 @@ func TestResumeExactlyOnce(t *testing.T) {
 	exec(t, conn, "CREATE TABLE t (id int PRIMARY KEY)")
 	cfg := Config{DSN: dsn, Slot: name, Publication: "pub", Tables: []string{"t"}, CreateSlot: true, CreatePublication: true}
 	p := build(t, cfg, nil)
+	if err := p.Commit(context.Background(), p.Snapshot()); err != nil { // an epoch committed: the slot stays
+		t.Fatal(err)
+	}
 	exec(t, conn, "INSERT INTO t SELECT g FROM generate_series(1, 10) g")
 	exec(t, conn, "INSERT INTO t SELECT g FROM generate_series(11, 5010) g") // 5000 rows: more than one Next
 	exec(t, conn, "INSERT INTO t SELECT g FROM generate_series(5011, 5020) g")

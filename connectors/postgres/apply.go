@@ -36,7 +36,13 @@ type column struct {
 	name  string
 	ident string
 	oid   uint32
-	typ   string // format_type, for casts
+	typ   string // format_type with the typmod, for error messages
+	// cast is the column's type without its typmod ("pg_catalog"."varchar"; for a domain, the
+	// base type of its chain of domains), for the casts of
+	// the text values: an explicit cast to varchar(5) or char(1) would cut a longer value to
+	// fit, where the assignment to the column that follows the cast to the base type refuses
+	// it, as an INSERT of the value would.
+	cast string
 }
 
 // catalog looks tables up on one connection and caches them.
@@ -67,17 +73,27 @@ func (c *catalog) table(ctx context.Context, name string) (*table, error) {
 		return nil, fmt.Errorf("looking up table %q: %w", name, err)
 	}
 	t := &table{name: name, ident: quote(schema) + "." + quote(rel), byName: map[string]int{}, sql: map[string]string{}}
-	rows, err := c.conn.Query(ctx, `SELECT attname, atttypid, format_type(atttypid, atttypmod) FROM pg_attribute
-		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`, oid)
+	// The cast's type is the column's, or for a domain the type it is based on at the end of
+	// the chain (a domain over varchar(5) takes the typmod with it into an explicit cast).
+	rows, err := c.conn.Query(ctx, `SELECT a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod), tn.nspname, ty.typname
+		FROM pg_attribute a
+		CROSS JOIN LATERAL (WITH RECURSIVE b(oid, depth) AS (
+			SELECT a.atttypid, 0
+			UNION ALL SELECT d.typbasetype, b.depth + 1 FROM b JOIN pg_type d ON d.oid = b.oid WHERE d.typtype = 'd'
+		) SELECT oid FROM b ORDER BY depth DESC LIMIT 1) base
+		JOIN pg_type ty ON ty.oid = base.oid JOIN pg_namespace tn ON tn.oid = ty.typnamespace
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, oid)
 	if err != nil {
 		return nil, fmt.Errorf("looking up the columns of table %s: %w", t.ident, err)
 	}
 	for rows.Next() {
 		var col column
-		if err := rows.Scan(&col.name, &col.oid, &col.typ); err != nil {
+		var typSchema, typName string
+		if err := rows.Scan(&col.name, &col.oid, &col.typ, &typSchema, &typName); err != nil {
 			rows.Close()
 			return nil, err
 		}
+		col.cast = quote(typSchema) + "." + quote(typName)
 		col.ident = quote(col.name)
 		t.byName[col.name] = len(t.cols)
 		t.cols = append(t.cols, col)
@@ -145,6 +161,13 @@ func (e *enc) describe() string {
 		if v, ok := e.value(k); ok {
 			fmt.Fprintf(&b, " %s=%s", e.t.cols[k].name, v.String)
 		}
+	}
+	if e.oldKey != nil {
+		b.WriteString(" (key was")
+		for i, k := range e.t.key {
+			fmt.Fprintf(&b, " %s=%s", e.t.cols[k].name, e.oldKey[i].String)
+		}
+		b.WriteString(")")
 	}
 	return b.String()
 }
@@ -239,12 +262,15 @@ func makeEnc(t *table, op Op, names []string, vals []pgtype.Text, keyNames []str
 // applier applies rows in order inside one transaction, collapsing the operations on each key
 // into one and running one statement per table, operation and set of columns.
 type applier struct {
-	ctx    context.Context
-	q      execer
-	copy   copier
-	order  []*table
-	byT    map[*table]map[string]*enc
-	tOrder map[*table][]string
+	// careful runs every statement in a savepoint and, when the server refuses a group of
+	// rows, finds the row (see diagnose).
+	careful bool
+	ctx     context.Context
+	q       execer
+	copy    copier
+	order   []*table
+	byT     map[*table]map[string]*enc
+	tOrder  map[*table][]string
 }
 
 func newApplier(ctx context.Context, q execer, copy copier) *applier {
@@ -381,8 +407,8 @@ func (a *applier) flush() error {
 	return nil
 }
 
-// run executes one statement for a group of rows of the same table, operation and columns,
-// the values passed as one text array per column.
+// run executes one statement for a group of rows of the same table, operation and columns:
+// COPY for inserts, else the values passed as one text array per column.
 func (a *applier) run(t *table, sig string, g []*enc) error {
 	e0 := g[0]
 	cols := e0.cols
@@ -397,8 +423,22 @@ func (a *applier) run(t *table, sig string, g []*enc) error {
 	if q == "" {
 		return nil // an update of key columns only: nothing to set
 	}
-	if e0.op == Insert {
-		return a.copyIn(t, q, cols, g)
+	if a.careful {
+		if err := a.bisect(t, q, cols, g, false); err != nil {
+			return fmt.Errorf("%s of %d rows into %s: %w", e0.op, len(g), t.ident, err)
+		}
+		return nil
+	}
+	if err := a.exec(t, q, cols, g); err != nil {
+		return &stmtError{fmt.Errorf("%s of %d rows into %s (the first: %s): %w", e0.op, len(g), t.ident, e0.describe(), err)}
+	}
+	return nil
+}
+
+// exec runs the statement q of a group: COPY for inserts, else with the values as text arrays.
+func (a *applier) exec(t *table, q string, cols []int, g []*enc) error {
+	if g[0].op == Insert {
+		return a.copyIn(q, cols, g)
 	}
 	args := make([]any, len(cols))
 	for i := range cols {
@@ -413,15 +453,13 @@ func (a *applier) run(t *table, sig string, g []*enc) error {
 		}
 		args[i] = arr
 	}
-	if _, err := a.q.Exec(a.ctx, q, args...); err != nil {
-		return fmt.Errorf("%s of %d rows into %s (first: %s): %w", e0.op, len(g), t.ident, e0.describe(), err)
-	}
-	return nil
+	_, err := a.q.Exec(a.ctx, q, args...)
+	return err
 }
 
 // copyIn writes a group of inserts with COPY in text format (the values already are text):
 // one round trip, and the server parses each value once, with no arrays to build and unnest.
-func (a *applier) copyIn(t *table, q string, cols []int, g []*enc) error {
+func (a *applier) copyIn(q string, cols []int, g []*enc) error {
 	var buf bytes.Buffer
 	for _, e := range g {
 		for i := range cols {
@@ -432,10 +470,138 @@ func (a *applier) copyIn(t *table, q string, cols []int, g []*enc) error {
 		}
 		buf.WriteByte('\n')
 	}
-	if _, err := a.copy(a.ctx, &buf, q); err != nil {
-		return fmt.Errorf("%s of %d rows into %s (first: %s): %w", Insert, len(g), t.ident, g[0].describe(), err)
+	_, err := a.copy(a.ctx, &buf, q)
+	return err
+}
+
+// stmtError is a statement of the applier that the server refused: the rows, not the
+// connection, are at fault, and a careful replay (diagnose) can find the row.
+type stmtError struct{ err error }
+
+func (e *stmtError) Error() string { return e.err.Error() }
+func (e *stmtError) Unwrap() error { return e.err }
+
+// diagnose finds the row behind a refused statement (orig, a *stmtError): it replays the rows
+// that apply adds to the applier in a transaction of its own on conn, with every statement in
+// a savepoint, halving a refused group until one row is left, and rolls the transaction back.
+// It returns the error of that row, naming it, its column and value where the server's error
+// does not, or orig when the replay finds nothing (or cannot run). It runs only after a
+// failure: the statements of the normal path use no savepoints (subtransactions).
+func diagnose(ctx context.Context, conn *pgx.Conn, apply func(a *applier) error, orig error) error {
+	if conn.IsClosed() {
+		return orig
 	}
-	return nil
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return orig
+	}
+	defer tx.Rollback(context.Background())
+	a := newApplier(ctx, tx, tx.Conn().PgConn().CopyFrom)
+	a.careful = true
+	err = apply(a)
+	var found *rowError
+	if errors.As(err, &found) {
+		return err
+	}
+	return orig
+}
+
+// rowError is the error of one row that diagnose found.
+type rowError struct{ err error }
+
+func (e *rowError) Error() string { return e.err.Error() }
+func (e *rowError) Unwrap() error { return e.err }
+
+// savepoint runs f inside a savepoint, rolled back if f fails.
+func (a *applier) savepoint(name string, f func() error) error {
+	if _, err := a.q.Exec(a.ctx, "SAVEPOINT "+name); err != nil {
+		return err
+	}
+	err := f()
+	if err != nil {
+		if _, rerr := a.q.Exec(a.ctx, "ROLLBACK TO SAVEPOINT "+name); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
+	if _, rerr := a.q.Exec(a.ctx, "RELEASE SAVEPOINT "+name); rerr != nil && err == nil {
+		return rerr
+	}
+	return err
+}
+
+// bisect runs a group in a savepoint; if the server refuses it, it runs each half in turn
+// the same way, down to the one row that the server refuses (after the rows before it).
+// fails says that the group is known to be refused (the rest of a refused group whose first
+// half passed): it is not run whole again.
+func (a *applier) bisect(t *table, q string, cols []int, g []*enc, fails bool) error {
+	if !fails || len(g) == 1 {
+		err := a.savepoint("epochflow_group", func() error { return a.exec(t, q, cols, g) })
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) {
+			return err
+		}
+		if len(g) == 1 {
+			return a.rowError(t, g[0], pgErr)
+		}
+	}
+	h := len(g) / 2
+	if err := a.bisect(t, q, cols, g[:h], false); err != nil {
+		return err
+	}
+	return a.bisect(t, q, cols, g[h:], true)
+}
+
+// rowError describes the server's refusal of row e: its operation, table and key, and the
+// column and value at fault, named by the server or found by probing the row's values.
+func (a *applier) rowError(t *table, e *enc, pgErr *pgconn.PgError) error {
+	col := -1
+	if c, ok := t.byName[pgErr.ColumnName]; ok && pgErr.ColumnName != "" {
+		col = c
+	} else if strings.HasPrefix(pgErr.Code, "22") { // data exception: a value the column cannot hold
+		col = a.probe(t, e, pgErr.Code)
+	}
+	if col < 0 {
+		return &rowError{fmt.Errorf("row %s: %w", e.describe(), pgErr)}
+	}
+	v, _ := e.value(col)
+	val := "NULL"
+	if v.Valid {
+		s := v.String
+		if len(s) > 60 {
+			s = s[:60] + "..."
+		}
+		val = strconv.Quote(s)
+	}
+	return &rowError{fmt.Errorf("row %s: column %q (%s) cannot hold the value %s: %w", e.describe(), t.cols[col].name, t.cols[col].typ, val, pgErr)}
+}
+
+// probe finds which value of e the server refuses with SQLSTATE code: it assigns each value
+// alone to the column of an empty copy of the table (a temporary table without constraints,
+// its columns of the same types), inside a savepoint. It returns -1 if none is refused so.
+func (a *applier) probe(t *table, e *enc, code string) int {
+	found := -1
+	a.savepoint("epochflow_probe", func() error {
+		if _, err := a.q.Exec(a.ctx, "CREATE TEMPORARY TABLE epochflow_probe ON COMMIT DROP AS SELECT * FROM "+t.ident+" WITH NO DATA"); err != nil {
+			return err
+		}
+		for i, c := range e.cols {
+			if !e.vals[i].Valid {
+				continue
+			}
+			q := "INSERT INTO pg_temp.epochflow_probe (" + t.cols[c].ident + ") VALUES ($1::text::" + t.cols[c].cast + ")"
+			err := a.savepoint("epochflow_value", func() error {
+				_, err := a.q.Exec(a.ctx, q, e.vals[i])
+				return err
+			})
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == code {
+				found = c
+				break
+			}
+		}
+		return errors.New("rolled back") // the probe table goes with the savepoint
+	})
+	return found
 }
 
 // copyText appends v in COPY's text format: \N for NULL, and backslash, newline, carriage
@@ -507,7 +673,7 @@ func buildSQL(t *table, op Op, cols []int) string {
 			if i > 0 {
 				b.WriteString(" AND ")
 			}
-			fmt.Fprintf(&b, "t.%s = u.c%d::%s", t.cols[k].ident, pos(k), t.cols[k].typ)
+			fmt.Fprintf(&b, "t.%s = u.c%d::%s", t.cols[k].ident, pos(k), t.cols[k].cast)
 		}
 	}
 	colList := func() {
@@ -536,7 +702,7 @@ func buildSQL(t *table, op Op, cols []int) string {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			fmt.Fprintf(&b, "u.c%d::%s", i, t.cols[c].typ)
+			fmt.Fprintf(&b, "u.c%d::%s", i, t.cols[c].cast)
 		}
 		b.WriteString(" FROM ")
 		unnest()
@@ -574,7 +740,7 @@ func buildSQL(t *table, op Op, cols []int) string {
 			if n > 0 {
 				b.WriteString(", ")
 			}
-			fmt.Fprintf(&b, "%s = u.c%d::%s", t.cols[c].ident, i, t.cols[c].typ)
+			fmt.Fprintf(&b, "%s = u.c%d::%s", t.cols[c].ident, i, t.cols[c].cast)
 			n++
 		}
 		if n == 0 {
@@ -600,7 +766,7 @@ func (a *applier) updateByOldKey(e *enc) error {
 			b.WriteString(", ")
 		}
 		args = append(args, e.vals[i])
-		fmt.Fprintf(&b, "%s = $%d::text::%s", t.cols[c].ident, len(args), t.cols[c].typ)
+		fmt.Fprintf(&b, "%s = $%d::text::%s", t.cols[c].ident, len(args), t.cols[c].cast)
 	}
 	b.WriteString(" WHERE ")
 	for i, k := range t.key {
@@ -608,7 +774,7 @@ func (a *applier) updateByOldKey(e *enc) error {
 			b.WriteString(" AND ")
 		}
 		args = append(args, e.oldKey[i])
-		fmt.Fprintf(&b, "%s = $%d::text::%s", t.cols[k].ident, len(args), t.cols[k].typ)
+		fmt.Fprintf(&b, "%s = $%d::text::%s", t.cols[k].ident, len(args), t.cols[k].cast)
 	}
 	if len(e.cols) == 0 {
 		return nil
@@ -616,8 +782,19 @@ func (a *applier) updateByOldKey(e *enc) error {
 	if err := a.replaceTarget(e); err != nil {
 		return err
 	}
+	if a.careful {
+		err := a.savepoint("epochflow_group", func() error {
+			_, err := a.q.Exec(a.ctx, b.String(), args...)
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return a.rowError(t, e, pgErr)
+		}
+		return err
+	}
 	if _, err := a.q.Exec(a.ctx, b.String(), args...); err != nil {
-		return fmt.Errorf("update of %s (%s): %w", t.ident, e.describe(), err)
+		return &stmtError{fmt.Errorf("update of %s (%s): %w", t.ident, e.describe(), err)}
 	}
 	return nil
 }
@@ -653,7 +830,7 @@ func (a *applier) replaceTarget(e *enc) error {
 				b.WriteString(" AND ")
 			}
 			args = append(args, vals[i])
-			fmt.Fprintf(&b, "%s%s = $%d::text::%s", alias, t.cols[k].ident, len(args), t.cols[k].typ)
+			fmt.Fprintf(&b, "%s%s = $%d::text::%s", alias, t.cols[k].ident, len(args), t.cols[k].cast)
 		}
 	}
 	fmt.Fprintf(&b, "DELETE FROM %s AS n WHERE ", t.ident)

@@ -8,9 +8,15 @@
 // them. Each table needs a key: its primary key, or the columns of a unique index named in
 // Config.Keys. Values are converted to text for the column's type with pgx's type map (so the
 // Go types pgx accepts for a column work, and a string is taken as the value's text form for
-// any type), then cast by the server; a value that does not convert, a column the table lacks,
-// a missing table, a table without key, or a row without its key values fails the flow with an
-// error naming the table, column and row.
+// any type), then cast by the server to the column's type without its modifier and assigned to
+// the column, as an INSERT of the value would be: a value the column cannot hold (too long
+// for varchar(5) or char(1), beyond numeric(5,2)) is refused, never cut to fit. A value that
+// does not convert or that the column cannot hold, a column the table lacks, a missing table, a
+// table without key, or a row without its key values fails the flow with an error naming the
+// table, column and row (its key). When the server refuses one of the statements that write
+// many rows at once, the sink replays the epoch's rows in a transaction of its own, rolled
+// back, with savepoints, halving the refused statement's rows until it finds the row at fault
+// (a few more round trips, on the failure path only).
 //
 // # Partitions, state, epochs and Commit
 //
@@ -50,8 +56,22 @@
 // the partition's prepared transactions in pg_prepared_xacts by their gid prefix, commits
 // those of snapshots up to the resume state and rolls back the later ones (their epochs are
 // replayed), then applies what the log holds of committed transactions. A fresh start (no
-// resume state) rolls back every prepared transaction of the prefix. The replayed epochs
+// resume state) refuses a table of Config.RequireEmpty that holds rows (NotEmptyError),
+// changing nothing, not even the prepared transactions an earlier run left (they may be of
+// epochs that the store of that run committed): rows that no recovery store accounts for are
+// never overwritten by a flow that would replace them. Otherwise it rolls back every prepared
+// transaction of the prefix (a table they hold locked is checked after that). The replayed epochs
 // write their rows again into new transactions, so every row is written once.
+//
+// A connection lost to the target (the server restarted, fast or immediate, or the network
+// failed) is replaced, with backoff, for up to Config.RetryFor (DefaultRetryFor), and the
+// statement that noticed runs again: a Write's table lookup; a Snapshot's transaction, written
+// again from the rows the partition still holds (the server rolled back the one it lost)
+// unless its PREPARE TRANSACTION was done (found in pg_prepared_xacts by its gid); a COMMIT
+// PREPARED by its gid (prepared transactions survive a restart; one gone after a lost answer
+// was committed); the committer's application of logged rows, one transaction. Only when the
+// server stays away longer does the partition fail, and the flow with it: its next run (or an
+// in-process restart of the engine) resumes from the last committed epoch.
 //
 // # Running against a real server
 //

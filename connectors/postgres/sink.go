@@ -11,9 +11,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/epochflow/epochflow/connectors/pgrepl"
 	"github.com/epochflow/epochflow/dataflow"
+	"github.com/epochflow/epochflow/internal/commitloop"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -50,6 +52,33 @@ type Config struct {
 	// LogTable is the table (created if missing) that holds rows prepared while an earlier
 	// prepared transaction was still waiting for its commit; "" means DefaultLogTable.
 	LogTable string
+	// RequireEmpty lists tables ("table" or "schema.table") that a partition opened without
+	// resume state (a first run, or a run whose recovery store is new or lost) must find
+	// empty: if one holds a row, Build fails with a *NotEmptyError naming it, before it
+	// writes anything. A flow whose first rows replace a table's content (pg-cdc's initial
+	// copy starts with a Truncate) names its tables here, so that it never destroys rows that
+	// an earlier run wrote and that no recovery store accounts for. A missing table passes; a
+	// resumed partition does not check.
+	RequireEmpty []string
+	// RetryFor is how long a partition keeps trying to reconnect when it loses a connection
+	// to the target database (the server restarted, the network failed) before the statement
+	// that noticed fails, and how long Build keeps trying to connect to a target that is not
+	// reachable yet or is starting up (an authentication failure or a missing database fails
+	// at once): 0 means DefaultRetryFor, a negative value no retry.
+	RetryFor time.Duration
+}
+
+// NotEmptyError is the error of Build when a table of Config.RequireEmpty holds rows and the
+// partition has no resume state. The sink changed nothing in the table.
+type NotEmptyError struct {
+	// Table is the table, as the server names it (quoted where needed).
+	Table string
+}
+
+// Error names the table and says what an operator can do.
+func (e *NotEmptyError) Error() string {
+	return fmt.Sprintf("table %s already holds rows, and the sink has no resume state (a first run, or a new or lost recovery store) "+
+		"that accounts for them: refusing to write into it (resume with the recovery store of the run that wrote them, or empty the table)", e.Table)
 }
 
 // Sink is the dataflow.PartitionedSink behind Rows. Its state is a sequence number: the
@@ -112,26 +141,30 @@ func (s *Sink) Build(ctx context.Context, part string, resume *uint64) (dataflow
 	if cfg.LogTable == "" {
 		cfg.LogTable = DefaultLogTable
 	}
-	conn, err := pgx.Connect(ctx, cfg.DSN)
+	conn, err := connect(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres sink: connecting to the target database: %w", err)
 	}
-	cconn, err := pgx.Connect(ctx, cfg.DSN)
+	cconn, err := connect(ctx, cfg)
 	if err != nil {
 		conn.Close(ctx)
 		return nil, fmt.Errorf("postgres sink: connecting to the target database: %w", err)
 	}
 	p := &partition{cfg: cfg, part: part, ctx: ctx, conn: conn, cconn: cconn,
 		prefix: "epochflow:" + cfg.Name + ":" + part + ":", m: pgtype.NewMap(),
-		cat: newCatalog(conn, cfg.Keys), ccat: newCatalog(cconn, cfg.Keys),
-		commitCh: make(chan struct{}, 1), progress: make(chan struct{}, 1), stopCh: make(chan struct{}), done: make(chan struct{})}
+		cat: newCatalog(conn, cfg.Keys), ccat: newCatalog(cconn, cfg.Keys)}
 	p.logIdent = quoteQualified(cfg.LogTable)
-	if err := p.start(ctx, resume); err != nil {
-		conn.Close(ctx)
+	p.index, _ = strconv.Atoi(strings.TrimPrefix(part, "p"))
+	// Settling what an earlier run left can run again on a new connection: what it did before
+	// the connection was lost is no longer listed.
+	if err := p.retry(ctx, &p.conn, p.cat, func(bool) error { return p.start(ctx, resume) }); err != nil {
+		p.conn.Close(ctx)
 		cconn.Close(ctx)
 		return nil, fmt.Errorf("postgres sink %q: %w", cfg.Name, err)
 	}
-	go p.committer()
+	p.commits = commitloop.Start(p.commitUpTo, func(err error) error {
+		return fmt.Errorf("postgres sink %q: partition %s: %w", p.cfg.Name, p.part, err)
+	})
 	return p, nil
 }
 
@@ -151,16 +184,6 @@ func (p *partition) start(ctx context.Context, resume *uint64) error {
 		return errors.New("the server has max_prepared_transactions = 0, so it cannot prepare transactions (two-phase commit): " +
 			"set max_prepared_transactions in postgresql.conf to at least 10 per sink partition writing to it " +
 			"(for example max_prepared_transactions = 20) and restart the server")
-	}
-	_, err := p.conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.logIdent+` (
-		gid_prefix text NOT NULL, seq bigint NOT NULL, n int NOT NULL, rows text NOT NULL,
-		PRIMARY KEY (gid_prefix, seq, n))`)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // two partitions created it at once
-		err = nil
-	}
-	if err != nil {
-		return fmt.Errorf("creating the log table %s: %w", p.cfg.LogTable, err)
 	}
 	// Finish what an earlier run left.
 	rows, err := p.conn.Query(ctx, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, $1)", p.prefix)
@@ -188,6 +211,18 @@ func (p *partition) start(ctx context.Context, resume *uint64) error {
 	if resume != nil {
 		upTo = *resume
 	}
+	// A fresh start checks its tables before it rolls anything back: without resume state it
+	// cannot tell the prepared transactions of an earlier run that committed no epoch from
+	// those of epochs that the store of an earlier run committed (killed before its COMMIT
+	// PREPARED), and a run refused here must leave those for the resume with that store. A
+	// table that a prepared transaction holds locked (the TRUNCATE of a copy) is checked once
+	// the prepared transactions are rolled back, as their locks would hold the check up.
+	var busy []string
+	if resume == nil {
+		if busy, err = p.checkEmpty(ctx, p.cfg.RequireEmpty, true); err != nil {
+			return err
+		}
+	}
 	for _, pr := range list {
 		verb := "ROLLBACK PREPARED"
 		if resume != nil && pr.seq <= upTo {
@@ -196,6 +231,19 @@ func (p *partition) start(ctx context.Context, resume *uint64) error {
 		if _, err := p.conn.Exec(ctx, verb+" "+literal(pr.gid)); err != nil {
 			return fmt.Errorf("%s %s: %w", verb, pr.gid, err)
 		}
+	}
+	if _, err := p.checkEmpty(ctx, busy, false); err != nil {
+		return err
+	}
+	_, err = p.conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+p.logIdent+` (
+		gid_prefix text NOT NULL, seq bigint NOT NULL, n int NOT NULL, rows text NOT NULL,
+		PRIMARY KEY (gid_prefix, seq, n))`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // two partitions created it at once
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating the log table %s: %w", p.cfg.LogTable, err)
 	}
 	// The log now holds only rows of committed transactions (with no resume state, of a run
 	// whose recovery store is gone: they were committed then, so they are applied too).
@@ -206,11 +254,54 @@ func (p *partition) start(ctx context.Context, resume *uint64) error {
 	return nil
 }
 
+// checkEmpty returns a *NotEmptyError for the first of the tables (of Config.RequireEmpty)
+// written by this partition that holds a row. With nowait, a table locked against reading (by
+// a prepared transaction, say) is not waited for but returned in busy, unchecked.
+func (p *partition) checkEmpty(ctx context.Context, names []string, nowait bool) (busy []string, err error) {
+	for _, name := range names {
+		if (&Sink{}).PartFor(Row{Table: name}, max(p.cfg.Partitions, 1)) != p.index {
+			continue // another partition writes it, and checks it
+		}
+		var schema, rel string
+		err := p.conn.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.oid = to_regclass($1)`, name).Scan(&schema, &rel)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("looking up table %q (Config.RequireEmpty): %w", name, err)
+		}
+		ident := quote(schema) + "." + quote(rel)
+		var full bool
+		err = pgx.BeginFunc(ctx, p.conn, func(tx pgx.Tx) error {
+			if nowait {
+				if _, err := tx.Exec(ctx, "LOCK TABLE "+ident+" IN ACCESS SHARE MODE NOWAIT"); err != nil {
+					return err
+				}
+			}
+			return tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+ident+")").Scan(&full)
+		})
+		var pgErr *pgconn.PgError
+		if nowait && errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			busy = append(busy, name)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checking that table %s is empty: %w", ident, err)
+		}
+		if full {
+			return nil, &NotEmptyError{Table: ident}
+		}
+	}
+	return busy, nil
+}
+
 // partition is one open partition. The worker calls Write, Snapshot, Commit and Close; the
 // committer goroutine commits prepared transactions on its own connection.
 type partition struct {
 	cfg      Config
 	part     string
+	index    int // of part in Parts
 	prefix   string
 	logIdent string
 	ctx      context.Context
@@ -221,19 +312,16 @@ type partition struct {
 	rows     []enc // of the open epoch
 	buf      []byte
 	err      error
-	told     bool
-	closed   bool
+	// reconnects counts the connections replaced after a loss (both goroutines').
+	reconnects atomic.Int64
+	told       bool
+	closed     bool
 
-	cconn    *pgx.Conn // the committer's
-	ccat     *catalog
-	mu       sync.Mutex
-	pending  []pendingTx // prepared, not yet committed (and applied)
-	cerr     error
-	target   atomic.Uint64
-	commitCh chan struct{}
-	progress chan struct{} // the committer finished a round
-	stopCh   chan struct{}
-	done     chan struct{}
+	cconn   *pgx.Conn // the committer's
+	ccat    *catalog
+	commits *commitloop.Loop // the committer goroutine
+	mu      sync.Mutex
+	pending []pendingTx // prepared, not yet committed (and applied)
 }
 
 type pendingTx struct {
@@ -248,9 +336,7 @@ func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + 
 
 func (p *partition) failed() error {
 	if p.err == nil {
-		p.mu.Lock()
-		p.err = p.cerr
-		p.mu.Unlock()
+		p.err = p.commits.Err()
 	}
 	if p.err != nil {
 		p.told = true
@@ -267,6 +353,9 @@ func (p *partition) Write(ctx context.Context, batch []Row) error {
 	}
 	for i := range batch {
 		e, err := p.encode(ctx, &batch[i])
+		if connLost(ctx, p.conn, err) { // a table's first row looks it up on the connection
+			e, err = p.encodeAgain(ctx, &batch[i], err)
+		}
 		if err != nil {
 			p.err = fmt.Errorf("postgres sink %q: %w", p.cfg.Name, err)
 			return p.failed()
@@ -274,6 +363,21 @@ func (p *partition) Write(ctx context.Context, batch []Row) error {
 		p.rows = append(p.rows, e)
 	}
 	return nil
+}
+
+// encodeAgain is encode after it lost the connection (with err): it reconnects and tries
+// again (see retry).
+func (p *partition) encodeAgain(ctx context.Context, r *Row, lost error) (enc, error) {
+	var e enc
+	err := p.retry(ctx, &p.conn, p.cat, func(first bool) error {
+		if first {
+			return lost
+		}
+		var err error
+		e, err = p.encode(ctx, r)
+		return err
+	})
+	return e, err
 }
 
 func (p *partition) encode(ctx context.Context, r *Row) (enc, error) {
@@ -364,7 +468,16 @@ func (p *partition) Snapshot() (uint64, error) {
 	p.mu.Lock()
 	direct := len(p.pending) == 0
 	p.mu.Unlock()
-	err := p.prepare(direct)
+	gid := p.gid(p.seq)
+	err := p.retry(p.ctx, &p.conn, p.cat, func(first bool) error {
+		if !first { // the PREPARE may have been done before the connection was lost
+			var done bool
+			if err := p.conn.QueryRow(p.ctx, "SELECT EXISTS (SELECT 1 FROM pg_prepared_xacts WHERE gid = $1)", gid).Scan(&done); err != nil || done {
+				return err
+			}
+		}
+		return p.prepare(direct)
+	})
 	clear(p.rows)
 	p.rows = p.rows[:0]
 	if err != nil {
@@ -382,7 +495,7 @@ func (p *partition) Snapshot() (uint64, error) {
 // committed: only the worker (this goroutine) could release that wait.
 func (p *partition) waitLagging() {
 	for {
-		target := p.target.Load()
+		target := p.commits.Target()
 		p.mu.Lock()
 		lagging := 0
 		for _, t := range p.pending {
@@ -390,14 +503,11 @@ func (p *partition) waitLagging() {
 				lagging++
 			}
 		}
-		failed := p.cerr != nil
 		p.mu.Unlock()
-		if lagging < maxLagging || failed {
+		if lagging < maxLagging || p.commits.Err() != nil {
 			return
 		}
-		select {
-		case <-p.progress:
-		case <-p.done:
+		if !p.commits.Wait() {
 			return
 		}
 	}
@@ -408,23 +518,29 @@ func (p *partition) prepare(direct bool) error {
 	if _, err := p.conn.Exec(ctx, "BEGIN"); err != nil {
 		return err
 	}
-	err := func() error {
-		if direct {
-			a := newApplier(ctx, p.conn, p.conn.PgConn().CopyFrom)
-			for i := range p.rows {
-				if err := a.add(&p.rows[i]); err != nil {
-					return err
-				}
+	apply := func(a *applier) error {
+		for i := range p.rows {
+			if err := a.add(&p.rows[i]); err != nil {
+				return err
 			}
-			return a.flush()
 		}
-		return p.writeLog(ctx)
-	}()
+		return a.flush()
+	}
+	var err error
+	if direct {
+		err = apply(newApplier(ctx, p.conn, p.conn.PgConn().CopyFrom))
+	} else {
+		err = p.writeLog(ctx)
+	}
 	if err == nil {
 		_, err = p.conn.Exec(ctx, "PREPARE TRANSACTION "+literal(p.gid(p.seq)))
 	}
 	if err != nil {
 		p.conn.Exec(context.Background(), "ROLLBACK")
+		var refused *stmtError
+		if errors.As(err, &refused) {
+			err = diagnose(ctx, p.conn, apply, err)
+		}
 		return err
 	}
 	return nil
@@ -481,14 +597,33 @@ func (p *partition) writeLog(ctx context.Context) error {
 }
 
 // applyLog applies the logged rows of snapshots up to upTo and deletes them, in one
-// transaction.
+// transaction. When the server refuses a row, a careful replay (diagnose) names it.
 func (p *partition) applyLog(ctx context.Context, conn *pgx.Conn, cat *catalog, upTo uint64) error {
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
+	err := p.applyLogTx(ctx, conn, cat, upTo, nil)
+	var refused *stmtError
+	if errors.As(err, &refused) {
+		err = diagnose(ctx, conn, func(a *applier) error { return p.applyLogTx(ctx, conn, cat, upTo, a) }, err)
 	}
-	defer tx.Rollback(context.Background())
-	rows, err := tx.Query(ctx, "SELECT rows FROM "+p.logIdent+" WHERE gid_prefix = $1 AND seq <= $2 ORDER BY seq, n", p.prefix, int64(upTo))
+	return err
+}
+
+// applyLogTx is applyLog's transaction; with a careful applier (of diagnose, in its own
+// transaction) it applies the rows with it and changes nothing else.
+func (p *partition) applyLogTx(ctx context.Context, conn *pgx.Conn, cat *catalog, upTo uint64, careful *applier) error {
+	var q interface {
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+		Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	} = conn
+	var tx pgx.Tx
+	if careful == nil {
+		var err error
+		if tx, err = conn.Begin(ctx); err != nil {
+			return err
+		}
+		defer tx.Rollback(context.Background())
+		q = tx
+	}
+	rows, err := q.Query(ctx, "SELECT rows FROM "+p.logIdent+" WHERE gid_prefix = $1 AND seq <= $2 ORDER BY seq, n", p.prefix, int64(upTo))
 	if err != nil {
 		return fmt.Errorf("reading the log table %s: %w", p.cfg.LogTable, err)
 	}
@@ -499,7 +634,10 @@ func (p *partition) applyLog(ctx context.Context, conn *pgx.Conn, cat *catalog, 
 	if len(chunks) == 0 {
 		return nil
 	}
-	a := newApplier(ctx, tx, tx.Conn().PgConn().CopyFrom)
+	a := careful
+	if a == nil {
+		a = newApplier(ctx, tx, conn.PgConn().CopyFrom)
+	}
 	for _, c := range chunks {
 		var lr []logRow
 		if err := json.Unmarshal([]byte(c), &lr); err != nil {
@@ -521,6 +659,9 @@ func (p *partition) applyLog(ctx context.Context, conn *pgx.Conn, cat *catalog, 
 	}
 	if err := a.flush(); err != nil {
 		return err
+	}
+	if careful != nil {
+		return nil
 	}
 	if _, err := tx.Exec(ctx, "DELETE FROM "+p.logIdent+" WHERE gid_prefix = $1 AND seq <= $2", p.prefix, int64(upTo)); err != nil {
 		return err
@@ -548,42 +689,8 @@ func (p *partition) Commit(_ context.Context, seq uint64) error {
 	if seq > p.seq {
 		return fmt.Errorf("postgres sink %q: partition %s: commit of snapshot %d, but only %d were taken", p.cfg.Name, p.part, seq, p.seq)
 	}
-	if seq > p.target.Load() {
-		p.target.Store(seq)
-		select {
-		case p.commitCh <- struct{}{}:
-		default:
-		}
-	}
+	p.commits.Request(seq)
 	return p.failed()
-}
-
-func (p *partition) committer() {
-	defer close(p.done)
-	for {
-		stop := false
-		select {
-		case <-p.commitCh:
-		case <-p.stopCh:
-			stop = true
-		}
-		err := p.commitUpTo(p.target.Load())
-		if err != nil {
-			p.mu.Lock()
-			p.cerr = fmt.Errorf("postgres sink %q: partition %s: %w", p.cfg.Name, p.part, err)
-			p.mu.Unlock()
-		}
-		select {
-		case p.progress <- struct{}{}:
-		default:
-		}
-		if err != nil {
-			return
-		}
-		if stop {
-			return
-		}
-	}
 }
 
 func (p *partition) commitUpTo(target uint64) error {
@@ -601,13 +708,22 @@ func (p *partition) commitUpTo(target uint64) error {
 	}
 	logged := false
 	for _, t := range todo {
-		if _, err := p.cconn.Exec(ctx, "COMMIT PREPARED "+literal(p.gid(t.seq))); err != nil {
-			return fmt.Errorf("COMMIT PREPARED '%s': %w", p.gid(t.seq), err)
+		gid := p.gid(t.seq)
+		err := p.retry(ctx, &p.cconn, p.ccat, func(first bool) error {
+			_, err := p.cconn.Exec(ctx, "COMMIT PREPARED "+literal(gid))
+			var pgErr *pgconn.PgError
+			if !first && errors.As(err, &pgErr) && pgErr.Code == "42704" {
+				return nil // gone: committed by the attempt whose answer went with the connection
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("COMMIT PREPARED '%s': %w", gid, err)
 		}
 		logged = logged || t.logged
 	}
 	if logged {
-		if err := p.applyLog(ctx, p.cconn, p.ccat, target); err != nil {
+		if err := p.retry(ctx, &p.cconn, p.ccat, func(bool) error { return p.applyLog(ctx, p.cconn, p.ccat, target) }); err != nil {
 			return fmt.Errorf("applying the logged rows up to snapshot %d: %w", target, err)
 		}
 	}
@@ -617,7 +733,8 @@ func (p *partition) commitUpTo(target uint64) error {
 	return nil
 }
 
-// Close lets the committer finish the commits it was given, then closes the connections.
+// Close lets the committer finish the commits it was given (reconnecting for up to
+// Config.RetryFor if the target is away), then closes the connections.
 // Prepared transactions of epochs that were not committed stay: the next run (Build with
 // its resume state) rolls them back.
 func (p *partition) Close() error {
@@ -625,8 +742,7 @@ func (p *partition) Close() error {
 		return nil
 	}
 	p.closed = true
-	close(p.stopCh)
-	<-p.done
+	p.commits.Stop()
 	var errs []error
 	if !p.told {
 		errs = append(errs, p.failed())

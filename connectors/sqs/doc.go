@@ -35,10 +35,29 @@
 // not committed: the manager extends their visibility timeout when half of it is left (the
 // queue's VisibilityTimeout, or the Visibility option), with ChangeMessageVisibilityBatch, or with
 // single ChangeMessageVisibility calls once the endpoint turns out not to support the batch call
-// (goaws answers it with a plain-text 400). No message is kept invisible beyond the 12 hours SQS
-// allows after a receive; one that reaches that limit is logged and counted and comes again. A
-// cap on the messages in flight (MaxInFlight, per partition) pauses receiving until commits
-// delete messages.
+// (goaws answers it with a plain-text 400), nearest deadline first, five calls out at once. No
+// message is kept invisible beyond the 12 hours SQS allows after a receive; one that reaches that
+// limit is logged and counted and comes again. A cap on the messages in flight (MaxInFlight, per
+// partition) pauses receiving until commits delete messages.
+//
+// Extensions that cannot keep up: every message in flight needs an extension about every half
+// visibility timeout, so the messages a partition can hold are bounded by the rate of its
+// extension calls (on SQS ten messages per call; on goaws one, and each call scans the queue).
+// A partition that received more than that would see them lose their visibility, come again
+// and have their deletes refused as stale, epoch after epoch (a redelivery storm). So below
+// MaxInFlight each partition keeps a cap of its own, as TCP does its window: it starts at 200,
+// doubles per round trip while every delete and extension arrives in time (slow start), and
+// once an extension goes out with less than a quarter of the visibility timeout left, receiving
+// waits until a round of extensions is in time again (Stats.ExtensionPauses), the cap halves
+// (Stats.LimitCuts; at most once per quarter visibility timeout, and not while more messages
+// are in flight than the cap already allows) and grows by an eighth per round trip afterwards.
+// The deletes bound the cap too: the messages in flight become deletes in bulk when their
+// epoch commits, so the cap never exceeds what the delete calls, at their measured latency,
+// delete within half a visibility timeout, and it halves when a delete goes out with less than
+// a quarter of the visibility timeout left or is refused as stale.
+// The messages already in flight cannot be fewer before their epoch commits: while extensions
+// are behind they ask for up to 4 times the visibility timeout, so that fewer calls keep them
+// invisible; a crash then leaves them invisible that much longer.
 //
 // Receiving uses long polls (WaitTime, 20 s by default) on a goroutine of its own that wakes the
 // worker (dataflow.Waiter) when messages arrive: an idle flow sends one request per WaitTime and
@@ -54,6 +73,13 @@
 // error) and deleted from the source queue only when both that send is confirmed and its epoch
 // is committed; without it the flow stops with an error naming the queue and the message id, and
 // the message stays in the queue. A message is never dropped silently.
+//
+// Lag: each partition reports epochflow_source_lag (dataflow.Metrics) once a second: the
+// messages it holds in flight (received, not yet deleted), and the first partition ("URL#0")
+// also the queue's ApproximateNumberOfMessages (one GetQueueAttributes call a second), so that
+// the sum over the partitions is the backlog: it rises while messages wait and is 0 once the
+// queue is drained and every epoch committed and deleted. (goaws counts the messages in flight
+// in ApproximateNumberOfMessages too, so against it the in-flight ones count twice.)
 //
 // Delivery: at-least-once. A message may reach the flow again after a crash (its epoch never
 // committed, or it did but the deletes were cut off), after a visibility timeout that ran out

@@ -2,6 +2,7 @@ package sqs
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -40,11 +41,12 @@ type entry struct {
 	dlqDone   bool   // the dead-letter send is confirmed
 }
 
-// extension is a request to keep a message invisible for timeout more, sent at time at.
+// extension is a request to keep a message invisible for timeout more.
 type extension struct {
-	id      uint64
-	handle  string
-	timeout time.Duration // a whole number of seconds, at least 1
+	id       uint64
+	handle   string
+	timeout  time.Duration // a whole number of seconds, at least 1
+	deadline time.Time     // the message's deadline when the request was made
 }
 
 // ledger is the in-memory bookkeeping of a source partition: the messages in flight, the epoch
@@ -172,8 +174,8 @@ func (e *entry) extendable() bool {
 // due returns the extension requests to send at now: for every extendable message whose
 // deadline is within margin (or within margin*3/2, to batch requests), a timeout of vis
 // (rounded up to whole seconds), cut so that the message stays invisible at most MaxVisibility
-// (less a slack) after its receive. A message that cannot be extended any more is marked lost
-// and returned in capped.
+// (less a slack) after its receive. The requests come nearest deadline first. A message that
+// cannot be extended any more is marked lost and returned in capped.
 func (l *ledger) due(now time.Time, margin, vis time.Duration) (reqs []extension, capped []*entry) {
 	horizon := now.Add(margin + margin/2)
 	want := (vis + time.Second - 1) / time.Second * time.Second
@@ -189,8 +191,9 @@ func (l *ledger) due(now time.Time, margin, vis time.Duration) (reqs []extension
 			continue
 		}
 		e.extending = true
-		reqs = append(reqs, extension{id: e.id, handle: e.handle, timeout: t})
+		reqs = append(reqs, extension{id: e.id, handle: e.handle, timeout: t, deadline: e.deadline})
 	}
+	slices.SortFunc(reqs, func(a, b extension) int { return a.deadline.Compare(b.deadline) })
 	return reqs, capped
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,15 @@ const (
 	// AWS SQS buffered client sends 5 outbound batches at a time by default). One at a time, a
 	// partition deletes 10 messages per round trip, less than it can receive.
 	deleteConcurrency = 5
+	// extendConcurrency is how many visibility extension calls a partition has out at once.
+	extendConcurrency = 5
+	// initialInFlightLimit is where the adaptive cap on the messages in flight starts (see
+	// MaxInFlight), and minInFlightLimit the lowest it goes.
+	initialInFlightLimit = 200
+	minInFlightLimit     = 10
+	// maxStretch bounds how many times the visibility timeout an extension asks for while
+	// extensions are behind (see partition.stretch).
+	maxStretch = 4
 	// ErrorAttribute is the message attribute that carries the decode error of a message sent
 	// to the dead-letter queue.
 	ErrorAttribute = "epochflow.error"
@@ -85,6 +95,11 @@ func IdleExit(d time.Duration) SourceOption {
 // MaxInFlight caps the messages received and not yet deleted, per partition: receiving pauses at
 // the cap and resumes when commits delete messages. Default DefaultMaxInFlight. SQS allows about
 // 120,000 in flight per standard queue and 20,000 per FIFO queue, over all consumers.
+//
+// Below it the partition keeps a cap of its own that follows what its visibility extensions
+// can keep up with (see the package doc): it starts at 200 (or MaxInFlight if lower), grows
+// while deletes and extensions arrive in time, and halves when an extension or a delete goes out
+// late.
 func MaxInFlight(n int) SourceOption {
 	return func(c *sourceConfig) {
 		if n < 1 {
@@ -97,7 +112,8 @@ func MaxInFlight(n int) SourceOption {
 // Visibility is the visibility timeout the source asks for on every receive and extension
 // (whole seconds, 1 s to 12 h). By default it is the queue's own VisibilityTimeout attribute.
 // Messages stay invisible beyond it while their epoch is not committed: the source extends it
-// when half of it is left.
+// when half of it is left (by up to 4 times it while extensions cannot keep up, see the package
+// doc).
 func Visibility(d time.Duration) SourceOption {
 	return func(c *sourceConfig) {
 		if d < time.Second || d > MaxVisibility || d%time.Second != 0 {
@@ -151,6 +167,12 @@ type Stats struct {
 	Released       int64 // uncommitted messages made visible again at Close
 	ReceiveErrors  int64 // failed receive calls
 	DeletePauses   int64 // times receiving paused because the deletes of committed messages were behind (see the package doc)
+	// ExtensionPauses counts the times receiving paused because visibility extensions were
+	// behind (one went out with less than a quarter of the visibility timeout left).
+	ExtensionPauses int64
+	// LimitCuts counts the times a partition halved its in-flight cap because extensions fell
+	// behind (see MaxInFlight).
+	LimitCuts int64
 	// SingleVisibilityCalls is true once the endpoint refused ChangeMessageVisibilityBatch
 	// (goaws does) and extensions went to single ChangeMessageVisibility calls.
 	SingleVisibilityCalls bool
@@ -158,7 +180,8 @@ type Stats struct {
 
 type counters struct {
 	received, emitted, rejected, deadLettered, deleted, staleDeletes, deleteRetries,
-	extended, extendRetries, visibilityLost, released, receiveErrors, deletePauses atomic.Int64
+	extended, extendRetries, visibilityLost, released, receiveErrors, deletePauses,
+	extensionPauses, limitCuts atomic.Int64
 }
 
 // Source reads an SQS queue (see the package doc for partitions, state, commits and delivery).
@@ -212,7 +235,8 @@ func (s *Source[T]) Stats() Stats {
 		DeadLettered: c.deadLettered.Load(), Deleted: c.deleted.Load(), StaleDeletes: c.staleDeletes.Load(),
 		DeleteRetries: c.deleteRetries.Load(), Extended: c.extended.Load(), ExtendRetries: c.extendRetries.Load(),
 		VisibilityLost: c.visibilityLost.Load(), Released: c.released.Load(), ReceiveErrors: c.receiveErrors.Load(),
-		DeletePauses: c.deletePauses.Load(), SingleVisibilityCalls: s.singleVis.Load(),
+		DeletePauses: c.deletePauses.Load(), ExtensionPauses: c.extensionPauses.Load(), LimitCuts: c.limitCuts.Load(),
+		SingleVisibilityCalls: s.singleVis.Load(),
 	}
 }
 
@@ -279,13 +303,15 @@ func (s *Source[T]) Build(ctx context.Context, part string, resume *uint64) (dat
 	}
 	p := &partition[T]{src: s, key: part, led: newLedger(seq),
 		wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), room: make(chan struct{}, 1),
-		log: loggerOr(s.cfg.logger, ctx).With("queue", s.queue, "partition", part)}
+		log:   loggerOr(s.cfg.logger, ctx).With("queue", s.queue, "partition", part),
+		limit: float64(min(s.cfg.maxInFlight, initialInFlightLimit)), slowStart: true, stretch: 1}
 	p.bg, p.cancel = context.WithCancel(ctx)
 	p.recv, p.stopRecv = context.WithCancel(p.bg)
 	p.stop = make(chan struct{})
-	p.wg.Add(2)
+	p.wg.Add(3)
 	go p.receive()
 	go p.manage()
+	go p.watchLag(dataflow.Metrics(ctx), part == s.queue+"#0")
 	return p, nil
 }
 
@@ -335,6 +361,38 @@ type partition[T any] struct {
 	delFails int
 	delRetry time.Time
 	deleting int // messages the manager took from deletes and has not finished deleting
+
+	// The adaptive cap on the messages in flight (see MaxInFlight): limit grows by one per
+	// message deleted or extended in time (doubling per round trip while slowStart), by an
+	// eighth of that afterwards, and halves (at most once a quarter visibility
+	// timeout, lastCut) when an extension goes out late or fails; extBehind is set from such a
+	// late extension to the end of the manager's round, and receiving waits meanwhile.
+	limit     float64
+	slowStart bool
+	lastCut   time.Time
+	extBehind bool
+	// stretch multiplies the visibility that extensions ask for: it doubles (up to maxStretch)
+	// after a round of extensions with one late, and halves after one in time. The messages in
+	// flight cannot become fewer before their epoch commits; asking for longer extensions while
+	// the calls cannot keep up is what keeps them from losing their visibility meanwhile.
+	stretch int
+	// delLatency is a moving average of how long a DeleteMessageBatch call takes (0 before the
+	// first). The messages in flight become deletes when their epoch commits, and deletes go
+	// out 10 per call, deleteConcurrency calls at once: holding more than those calls can
+	// delete within half a visibility timeout would see the last of them come again before their
+	// delete (Little's law), so the cap never exceeds that (deleteBound).
+	delLatency time.Duration
+}
+
+// deleteBound is the most messages the partition's delete calls can delete within half a
+// visibility timeout at their measured latency (no bound before the first call answered). The
+// caller holds p.mu.
+func (p *partition[T]) deleteBound() int {
+	if p.delLatency <= 0 {
+		return math.MaxInt
+	}
+	calls := float64(p.src.vis/2) / float64(p.delLatency)
+	return max(int(calls*10*deleteConcurrency), minInFlightLimit)
 }
 
 func signal(c chan struct{}) {
@@ -390,7 +448,7 @@ func (p *partition[T]) Next(context.Context) ([]T, error) {
 		}
 		p.src.stats.rejected.Add(1)
 		if p.src.cfg.dlq == "" {
-			fatal = p.errorf("message %s rejected by the decode function (no dead-letter queue is configured; the message stays in the queue): %w", m.ID, err)
+			fatal = dataflow.Permanent(p.errorf("message %s rejected by the decode function (no dead-letter queue is configured; the message stays in the queue): %w", m.ID, err))
 			break
 		}
 		p.log.Warn("message rejected by the decode function; sending it to the dead-letter queue",
@@ -452,27 +510,31 @@ func (p *partition[T]) receive() {
 	s := p.src
 	lastMsg := time.Now()
 	fails := 0
-	waitingForDeletes := false
+	waitingForDeletes, waitingForExtensions := false, false
 	for p.recv.Err() == nil {
 		p.mu.Lock()
-		room := s.cfg.maxInFlight - p.led.inFlight()
+		room := min(s.cfg.maxInFlight, int(p.limit), p.deleteBound()) - p.led.inFlight()
 		behind := p.deletesBehind(time.Now())
+		extBehind := p.extBehind
 		p.mu.Unlock()
-		if room <= 0 || behind {
+		if room <= 0 || behind || extBehind {
 			if behind {
 				if !waitingForDeletes {
 					s.stats.deletePauses.Add(1)
 				}
 				signal(p.kick) // the manager may be asleep with deletes waiting
 			}
-			waitingForDeletes = behind
+			if extBehind && !waitingForExtensions {
+				s.stats.extensionPauses.Add(1)
+			}
+			waitingForDeletes, waitingForExtensions = behind, extBehind
 			if !p.pause() {
 				return
 			}
 			lastMsg = time.Now() // a pause is no idleness of the queue: it was not asked
 			continue
 		}
-		waitingForDeletes = false
+		waitingForDeletes, waitingForExtensions = false, false
 		wait := s.cfg.waitTime
 		if s.cfg.idleExit > 0 {
 			left := s.cfg.idleExit - time.Since(lastMsg)
@@ -687,7 +749,7 @@ func (p *partition[T]) manage() {
 func (p *partition[T]) round(margin time.Duration) (more bool) {
 	now := time.Now()
 	p.mu.Lock()
-	reqs, capped := p.led.due(now, margin, p.src.vis)
+	reqs, capped := p.led.due(now, margin, p.src.vis*time.Duration(p.stretch))
 	var dels []*entry
 	if now.After(p.delRetry) || p.delRetry.IsZero() {
 		n := min(len(p.deletes), 10*deleteCallsPerRound)
@@ -713,8 +775,21 @@ func (p *partition[T]) round(margin time.Duration) (more bool) {
 		p.log.Warn("message reached the 12 h visibility limit of SQS before its epoch committed; it will be delivered again",
 			"message_id", e.msgID)
 	}
+	late := false
 	if len(reqs) > 0 {
-		p.extend(p.bg, reqs)
+		late = p.extend(p.bg, reqs, margin)
+	}
+	p.mu.Lock()
+	caughtUp := p.extBehind && !late
+	p.extBehind = late
+	if late {
+		p.stretch = min(2*p.stretch, maxStretch)
+	} else if len(reqs) > 0 && p.stretch > 1 {
+		p.stretch /= 2
+	}
+	p.mu.Unlock()
+	if caughtUp {
+		signal(p.room)
 	}
 	defer func() {
 		p.mu.Lock()
@@ -800,6 +875,7 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 	for i, e := range es {
 		in.Entries = append(in.Entries, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: aws.String(e.handle)})
 	}
+	sentAt := time.Now()
 	out, err := p.src.client.DeleteMessageBatch(ctx, in)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -810,6 +886,7 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 	}
 	done := make([]bool, len(es))
 	var retry []*entry
+	stale := false
 	for _, f := range out.Failed {
 		i, aerr := strconv.Atoi(aws.ToString(f.Id))
 		if aerr != nil || i < 0 || i >= len(es) || done[i] {
@@ -818,6 +895,7 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 		done[i] = true
 		e := es[i]
 		if f.SenderFault {
+			stale = true
 			p.src.stats.staleDeletes.Add(1)
 			p.log.Warn("delete refused: the receipt handle is stale (the visibility ran out, so the message will be delivered again: at-least-once)",
 				"message_id", e.msgID, "code", aws.ToString(f.Code), "reason", aws.ToString(f.Message))
@@ -831,12 +909,34 @@ func (p *partition[T]) deleteBatch(ctx context.Context, es []*entry) ([]*entry, 
 		}
 		retry = append(retry, e)
 	}
+	inTime, late := 0, false
 	for i, e := range es {
 		if !done[i] {
 			p.src.stats.deleted.Add(1)
+			if e.deadline.Sub(sentAt) < p.src.vis/4 {
+				late = true
+			} else {
+				inTime++
+			}
 			p.forget(e)
 		}
 	}
+	p.mu.Lock()
+	if took := time.Since(sentAt); p.delLatency == 0 {
+		p.delLatency = took
+	} else {
+		p.delLatency = (7*p.delLatency + took) / 8
+	}
+	p.grow(inTime)
+	if stale || late {
+		// The deletes of committed messages do not keep up with what the partition holds: a
+		// delete went out with less than a quarter of the visibility timeout left, or too late.
+		// The messages in flight become deletes in bulk when their epoch commits, so the cap on
+		// them is what keeps the next commit's deletes in time: it halves, as for a late
+		// extension. Receiving goes on (the deletes pause it while they are behind).
+		p.cut(time.Now())
+	}
+	p.mu.Unlock()
 	return retry, err
 }
 
@@ -848,30 +948,134 @@ func (p *partition[T]) forget(e *entry) {
 	signal(p.room)
 }
 
-// extend sends the extension requests: ChangeMessageVisibilityBatch, or single
-// ChangeMessageVisibility calls once the endpoint turned out not to support the batch call.
-func (p *partition[T]) extend(ctx context.Context, reqs []extension) {
-	for len(reqs) > 0 && ctx.Err() == nil {
+// extend sends the extension requests (nearest deadline first) with up to extendConcurrency
+// calls out at once: ChangeMessageVisibilityBatch, or single ChangeMessageVisibility calls once
+// the endpoint turned out not to support the batch call. It reports whether a request went out
+// late, with less than half of margin left before its deadline: the extensions do not keep up
+// with the messages in flight, and the partition then halves its in-flight cap and receiving
+// waits (see congested).
+func (p *partition[T]) extend(ctx context.Context, reqs []extension, margin time.Duration) (late bool) {
+	batches := make([][]extension, 0, (len(reqs)+9)/10)
+	for len(reqs) > 0 {
 		n := min(10, len(reqs))
-		batch := reqs[:n]
+		batches = append(batches, reqs[:n])
 		reqs = reqs[n:]
-		if !p.src.singleVis.Load() {
-			if p.extendBatch(ctx, batch) {
-				continue
+	}
+	var mu sync.Mutex
+	next := 0
+	take := func() []extension {
+		mu.Lock()
+		defer mu.Unlock()
+		if next == len(batches) || ctx.Err() != nil {
+			return nil
+		}
+		next++
+		return batches[next-1]
+	}
+	var lateSeen atomic.Bool
+	lateAt := func(x extension) bool {
+		now := time.Now()
+		if x.deadline.Sub(now) >= margin/2 {
+			return false
+		}
+		if !lateSeen.Swap(true) {
+			p.log.Warn("visibility extensions are behind; receiving waits and the cap on messages in flight is halved",
+				"time_left", x.deadline.Sub(now).Round(time.Millisecond))
+		}
+		p.mu.Lock()
+		p.congested(now)
+		p.mu.Unlock()
+		return true
+	}
+	var wg sync.WaitGroup
+	for range min(extendConcurrency, len(batches)) {
+		wg.Go(func() {
+			for batch := take(); batch != nil; batch = take() {
+				if !p.src.singleVis.Load() {
+					if p.extendBatch(ctx, batch, lateAt(batch[0])) {
+						continue
+					}
+				}
+				for _, x := range batch {
+					if ctx.Err() != nil {
+						return
+					}
+					late := lateAt(x)
+					sentAt := time.Now()
+					_, err := p.src.client.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
+						QueueUrl: aws.String(p.src.queue), ReceiptHandle: aws.String(x.handle), VisibilityTimeout: int32(x.timeout / time.Second)})
+					p.extended(x, sentAt, err == nil, err != nil && goneCode(apiCode(err)), late, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// Requests a cancelled run never sent are no longer out.
+	mu.Lock()
+	rest := batches[next:]
+	next = len(batches)
+	mu.Unlock()
+	if len(rest) > 0 {
+		p.mu.Lock()
+		for _, b := range rest {
+			for _, x := range b {
+				if e := p.led.entries[x.id]; e != nil {
+					e.extending = false
+				}
 			}
 		}
-		for _, x := range batch {
-			sentAt := time.Now()
-			_, err := p.src.client.ChangeMessageVisibility(ctx, &awssqs.ChangeMessageVisibilityInput{
-				QueueUrl: aws.String(p.src.queue), ReceiptHandle: aws.String(x.handle), VisibilityTimeout: int32(x.timeout / time.Second)})
-			p.extended(x, sentAt, err == nil, err != nil && goneCode(apiCode(err)), err)
-		}
+		p.mu.Unlock()
 	}
+	return lateSeen.Load()
+}
+
+// grow raises the in-flight cap for n messages deleted or extended in time: by n while in slow
+// start (so that it doubles per round trip), else by n/8 (an eighth per round trip). The caller
+// holds p.mu.
+func (p *partition[T]) grow(n int) {
+	top := float64(p.src.cfg.maxInFlight)
+	if n <= 0 || p.limit >= top {
+		return
+	}
+	if p.slowStart {
+		p.limit += float64(n)
+	} else {
+		p.limit += float64(n) / 8
+	}
+	p.limit = min(p.limit, top)
+}
+
+// congested records that extensions are behind (one went out late, or failed): receiving waits
+// until a round of extensions goes out in time, and the in-flight cap halves, from what is in
+// flight if that is less, at most once per quarter visibility timeout (the time the messages
+// received since need before they show whether the cut was enough), and not while more are in
+// flight than the cap already allows. Slow start ends. The caller holds p.mu.
+func (p *partition[T]) congested(now time.Time) {
+	p.extBehind = true
+	p.cut(now)
+}
+
+// cut halves the in-flight cap, from what is in flight if that is less, at most once per quarter
+// visibility timeout and not while more are in flight than the cap already allows (see
+// congested). Slow start ends. The caller holds p.mu.
+func (p *partition[T]) cut(now time.Time) {
+	if !p.lastCut.IsZero() && now.Sub(p.lastCut) < p.src.vis/4 {
+		return
+	}
+	if float64(p.led.inFlight()) > p.limit {
+		// Still above a cap already cut: receiving waits until commits bring the messages in
+		// flight below it, and those messages, not the cap, are what is behind.
+		return
+	}
+	p.lastCut = now
+	p.slowStart = false
+	p.limit = max(min(p.limit, float64(p.led.inFlight()))/2, minInFlightLimit)
+	p.src.stats.limitCuts.Add(1)
 }
 
 // extendBatch sends one ChangeMessageVisibilityBatch call. It returns false when the endpoint
 // does not support the call (and remembers that for the whole source).
-func (p *partition[T]) extendBatch(ctx context.Context, batch []extension) bool {
+func (p *partition[T]) extendBatch(ctx context.Context, batch []extension, late bool) bool {
 	in := &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(p.src.queue)}
 	for i, x := range batch {
 		in.Entries = append(in.Entries, types.ChangeMessageVisibilityBatchRequestEntry{
@@ -887,7 +1091,7 @@ func (p *partition[T]) extendBatch(ctx context.Context, batch []extension) bool 
 			return false
 		}
 		for _, x := range batch {
-			p.extended(x, sentAt, false, false, err)
+			p.extended(x, sentAt, false, false, late, err)
 		}
 		return true
 	}
@@ -900,19 +1104,27 @@ func (p *partition[T]) extendBatch(ctx context.Context, batch []extension) bool 
 	for i, x := range batch {
 		f, bad := failed[i]
 		if !bad {
-			p.extended(x, sentAt, true, false, nil)
+			p.extended(x, sentAt, true, false, late, nil)
 			continue
 		}
 		err := fmt.Errorf("%s: %s", aws.ToString(f.Code), aws.ToString(f.Message))
-		p.extended(x, sentAt, false, f.SenderFault || goneCode(aws.ToString(f.Code)), err)
+		p.extended(x, sentAt, false, f.SenderFault || goneCode(aws.ToString(f.Code)), late, err)
 	}
 	return true
 }
 
-// extended records an extension's outcome in the ledger, counts it and logs a lost message.
-func (p *partition[T]) extended(x extension, sentAt time.Time, ok, gone bool, err error) {
+// extended records an extension's outcome in the ledger, counts it and logs a lost message. An
+// extension in time raises the in-flight cap; one that failed to be retried (a throttle, an
+// error of SQS's) counts as congestion.
+func (p *partition[T]) extended(x extension, sentAt time.Time, ok, gone, late bool, err error) {
 	p.mu.Lock()
 	p.led.extended(x, sentAt, ok, gone)
+	switch {
+	case ok && !late:
+		p.grow(1)
+	case !ok && !gone && p.bg.Err() == nil:
+		p.congested(time.Now())
+	}
 	msgID := ""
 	if e := p.led.entries[x.id]; e != nil {
 		msgID = e.msgID

@@ -357,6 +357,9 @@ func TestPoisonWithoutDeadLetter(t *testing.T) {
 	if !regexpMessageID(err.Error()) {
 		t.Errorf("error %q names no message id", err)
 	}
+	if !dataflow.IsPermanent(err) {
+		t.Errorf("error %q is not marked permanent: a restart would read the message and fail again", err)
+	}
 	waitFor(t, 5*time.Second, "the rejected message to be in the queue", func() bool {
 		v, f := counts(t, q)
 		return v+f >= 1

@@ -100,15 +100,6 @@ func queueReady(t *testing.T, queue string) int {
 	return q.Messages
 }
 
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "amqp-to-file")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // checkOutput reads the output and fails unless it holds "0" .. "n-1" exactly once each.
 func checkOutput(t *testing.T, path string, n int) {
 	t.Helper()
@@ -136,6 +127,8 @@ func checkOutput(t *testing.T, path string, n int) {
 // moments and restarted each time on the same recovery store, with one or two workers: in the
 // end every number is in the file exactly once, and the queue is empty.
 func TestCopySurvivesKill9(t *testing.T) {
+	// Alongside TestBrokerRestartedTwice (after the other tests): a queue of its own.
+	t.Parallel()
 	const n = 100_000
 	bin := buildBinary(t)
 	q := newQueue(t)

@@ -16,22 +16,21 @@ import (
 	"github.com/epochflow/epochflow/internal/sqstest"
 )
 
+// emu is the goaws emulator (a process of its own, see internal/sqstest) that the tests share;
+// a test that restarts its emulator starts one of its own.
 var emu *sqstest.Emulator
 
-// The test process hosts goaws in-process; the example runs as a subprocess against its URL.
-func TestMain(m *testing.M) { sqstest.Main(m, &emu) }
-
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "sqs-to-file")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
+// The example runs as a subprocess against the emulator's URL. The tests run in parallel: each
+// has queues, files and runs of its own.
+func TestMain(m *testing.M) { sqstest.Main(m, &emu, removeBinary) }
 
 func command(bin, queue, out, rec string, idle time.Duration) *exec.Cmd {
-	cmd := flowCommand(bin, "-endpoint", emu.URL, "-queue-url", queue, "-output", out, "-recovery", rec,
+	return commandOn(emu, bin, queue, out, rec, idle)
+}
+
+// commandOn is command against emulator e.
+func commandOn(e *sqstest.Emulator, bin, queue, out, rec string, idle time.Duration) *exec.Cmd {
+	cmd := flowCommand(bin, "-endpoint", e.URL, "-queue-url", queue, "-output", out, "-recovery", rec,
 		"-epoch-interval", "100ms", "-idle-exit", idle.String(), "-log-level", "error")
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=x", "AWS_SECRET_ACCESS_KEY=x", "AWS_REGION=us-east-1",
 		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
@@ -41,11 +40,17 @@ func command(bin, queue, out, rec string, idle time.Duration) *exec.Cmd {
 
 func sendNumbered(t *testing.T, queue string, n int) []string {
 	t.Helper()
+	return sendNumberedTo(t, emu, queue, n)
+}
+
+// sendNumberedTo is sendNumbered to emulator e.
+func sendNumberedTo(t *testing.T, e *sqstest.Emulator, queue string, n int) []string {
+	t.Helper()
 	bodies := make([]string, n)
 	for i := range bodies {
 		bodies[i] = fmt.Sprintf("n%05d", i)
 	}
-	if err := emu.SendBodies(context.Background(), queue, "g", bodies...); err != nil {
+	if err := e.SendBodies(context.Background(), queue, "g", bodies...); err != nil {
 		t.Fatal(err)
 	}
 	return bodies
@@ -53,6 +58,12 @@ func sendNumbered(t *testing.T, queue string, n int) []string {
 
 // checkOutput fails unless the file holds every body exactly once, and the queue is empty.
 func checkOutput(t *testing.T, out, queue string, want []string) {
+	t.Helper()
+	checkOutputOn(t, emu, out, queue, want)
+}
+
+// checkOutputOn is checkOutput for a queue of emulator e.
+func checkOutputOn(t *testing.T, e *sqstest.Emulator, out, queue string, want []string) {
 	t.Helper()
 	f, err := os.Open(out)
 	if err != nil {
@@ -82,7 +93,7 @@ func checkOutput(t *testing.T, out, queue string, want []string) {
 		t.Errorf("output: %d missing (%s), %d more than once (%s), %d unexpected lines",
 			len(missing), head(missing), len(doubled), head(doubled), len(seen))
 	}
-	vis, inFlight, err := emu.Counts(queue)
+	vis, inFlight, err := e.Counts(queue)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +111,7 @@ func head(s []string) string {
 
 // A clean run copies every message once, deletes them all and exits 0 once the queue is idle.
 func TestCopiesQueue(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	queue := emu.MustQueue(t, "copy", sqstest.QueueOptions{Visibility: 30 * time.Second})
 	want := sendNumbered(t, queue, 500)
@@ -116,6 +128,7 @@ func TestCopiesQueue(t *testing.T) {
 // messages of uncommitted epochs come back after their visibility timeout (3 s), and those of
 // committed epochs whose deletes the kill cut off are dropped as redeliveries.
 func TestSurvivesKill9(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	queue := emu.MustQueue(t, "kill9", sqstest.QueueOptions{Visibility: 3 * time.Second})
 	const n = 20_000

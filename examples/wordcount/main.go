@@ -4,7 +4,9 @@
 //
 //	go run ./examples/wordcount -input FILE -output FILE [-workers N] [-epoch-interval D]
 //
-// Without -input it reads standard input; without -output it writes standard output.
+// Without -input it reads standard input; without -output it writes standard output. A run
+// without recovery state for the -output file refuses a file that holds data, unless
+// -output-exists says to replace it or append to it.
 package main
 
 import (
@@ -22,8 +24,12 @@ import (
 func main() {
 	input := flag.String("input", "", "text file to count (default: standard input)")
 	output := flag.String("output", "", "file to write the counts to (default: standard output)")
+	var exists file.IfExists
+	flag.Var(&exists, "output-exists", "what a run without recovery state for the -output file does when that file holds data: refuse (the default), replace it, or append to it")
+	dataflow.Usage("wordcount counts the words of a text and writes one \"word<TAB>count\" line per distinct word.",
+		"wordcount -input examples/wordcount/sample.txt -output counts.txt")
 	dataflow.MainFunc(func() (*dataflow.Flow, error) {
-		return build(*input, *output), nil
+		return build(*input, *output, exists), nil
 	})
 }
 
@@ -31,7 +37,7 @@ func format(kv dataflow.KV[int]) string { return fmt.Sprintf("%s\t%d", kv.Key, k
 
 // build returns the word count flow reading input (stdin when empty) and writing output (stdout
 // when empty).
-func build(input, output string) *dataflow.Flow {
+func build(input, output string, exists file.IfExists) *dataflow.Flow {
 	flow := dataflow.New("wordcount")
 	var src dataflow.Source[string]
 	if input == "" {
@@ -49,7 +55,7 @@ func build(input, output string) *dataflow.Flow {
 	if output == "" {
 		sink = stdio.PrintTo(os.Stdout, format)
 	} else {
-		sink = file.LinesOut(output, format)
+		sink = file.LinesOut(output, format, file.OnExisting(exists), file.ExistsFlag("-output-exists"))
 	}
 	operators.Output("write", counts, sink)
 	return flow

@@ -17,18 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// buildBinary builds the example once per test binary run.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "wordcount")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
+	"github.com/epochflow/epochflow/internal/exampletest"
+)
 
 // writeText writes words words (lines of 1..20 words, random white space) drawn from a
 // vocabulary of vocab words.
@@ -79,32 +70,6 @@ func coreutilsCounts(t *testing.T, input string) []string {
 	return lines
 }
 
-func readSorted(t *testing.T, path string) []string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
-	if len(b) == 0 {
-		lines = nil
-	}
-	sort.Strings(lines)
-	return lines
-}
-
-func diff(got, want []string) string {
-	if len(got) != len(want) {
-		return fmt.Sprintf("%d lines, want %d", len(got), len(want))
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			return fmt.Sprintf("line %d: %q, want %q", i, got[i], want[i])
-		}
-	}
-	return ""
-}
-
 // The example's counts equal those of tr | sort | uniq -c on a 1 MB text, with 1, 2 and 4
 // workers, and through standard input and output too.
 func TestWordcountMatchesCoreutils(t *testing.T) {
@@ -122,7 +87,7 @@ func TestWordcountMatchesCoreutils(t *testing.T) {
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("workers=%d: %v\n%s", workers, err, b)
 		}
-		if d := diff(readSorted(t, out), want); d != "" {
+		if d := exampletest.Diff(exampletest.SortedLines(t, out), want); d != "" {
 			t.Errorf("workers=%d: %s", workers, d)
 		}
 	}
@@ -140,7 +105,7 @@ func TestWordcountMatchesCoreutils(t *testing.T) {
 	}
 	got := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	sort.Strings(got)
-	if d := diff(got, want); d != "" {
+	if d := exampletest.Diff(got, want); d != "" {
 		t.Errorf("stdin to stdout: %s", d)
 	}
 }
@@ -165,8 +130,8 @@ func TestWordcountSurvivesKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	want := readSorted(t, clean)
-	if d := diff(want, coreutilsCounts(t, input)); d != "" {
+	want := exampletest.SortedLines(t, clean)
+	if d := exampletest.Diff(want, coreutilsCounts(t, input)); d != "" {
 		t.Fatalf("crash-free run: %s", d)
 	}
 
@@ -196,19 +161,20 @@ func TestWordcountSurvivesKill9(t *testing.T) {
 			kills++
 		}
 		if finished {
-			// It finished before the kill: start over on a fresh store, to land the
-			// remaining kills in a run.
+			// It finished before the kill: start over on a fresh store and a new output
+			// file, to land the remaining kills in a run.
 			os.RemoveAll(rec)
 			finished = false
-			if d := diff(readSorted(t, out), want); d != "" {
+			if d := exampletest.Diff(exampletest.SortedLines(t, out), want); d != "" {
 				t.Fatalf("after %d kills, a run that finished wrote: %s", kills, d)
 			}
+			os.Remove(out)
 		}
 	}
 	if err := run(out, rec, 2).Run(); err != nil {
 		t.Fatal(err)
 	}
-	if d := diff(readSorted(t, out), want); d != "" {
+	if d := exampletest.Diff(exampletest.SortedLines(t, out), want); d != "" {
 		t.Fatalf("after %d kills: %s", kills, d)
 	}
 	t.Logf("%d kills; a crash-free run took %v", kills, took)
@@ -261,6 +227,10 @@ func TestWordcountSIGTERMStopsAndResumes(t *testing.T) {
 	if !strings.Contains(stderr.String(), "stopping") {
 		t.Fatalf("every run finished before SIGTERM arrived; stderr of the last:\n%s", stderr.String())
 	}
+	if !strings.Contains(stderr.String(), `msg="stopped by a signal: what was written up to the last committed epoch is final`) ||
+		!strings.Contains(stderr.String(), "committed_epoch=") {
+		t.Errorf("the stopped run's closing line does not say what it kept:\n%s", stderr.String())
+	}
 	stderr.Reset()
 	cmd := flowCommand(bin, args...)
 	cmd.Stderr = &stderr
@@ -270,7 +240,7 @@ func TestWordcountSIGTERMStopsAndResumes(t *testing.T) {
 	if !strings.Contains(stderr.String(), "resuming from the recovery store") {
 		t.Errorf("the second run did not resume:\n%s", stderr.String())
 	}
-	if d := diff(readSorted(t, out), want); d != "" {
+	if d := exampletest.Diff(exampletest.SortedLines(t, out), want); d != "" {
 		t.Fatalf("after a stop and a resume: %s", d)
 	}
 }
@@ -307,7 +277,7 @@ func TestSecondRunOnAStoreInUseIsRefused(t *testing.T) {
 	if err := first.Wait(); err != nil {
 		t.Fatalf("first run: %v\n%s", err, firstErr.String())
 	}
-	if d := diff(readSorted(t, filepath.Join(dir, "out1.txt")), []string{"a\t2", "b\t1"}); d != "" {
+	if d := exampletest.Diff(exampletest.SortedLines(t, filepath.Join(dir, "out1.txt")), []string{"a\t2", "b\t1"}); d != "" {
 		t.Fatalf("first run wrote: %s", d)
 	}
 }
@@ -315,11 +285,28 @@ func TestSecondRunOnAStoreInUseIsRefused(t *testing.T) {
 // watchWriter collects what a process writes and closes seen when a line containing want
 // has been written; it is safe for the process's copying goroutine and the test to share.
 type watchWriter struct {
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	want string
-	seen chan struct{}
-	done bool
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	want  string
+	seen  chan struct{}
+	done  bool
+	conds []watchCond
+}
+
+// watchCond is a condition of when: a test of what is written, and the channel to close.
+type watchCond struct {
+	test func(string) bool
+	ch   chan struct{}
+}
+
+// when returns a channel that is closed once a write from now on passes test (which sees
+// each write's text on its own: the process writes whole lines).
+func (w *watchWriter) when(test func(string) bool) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := make(chan struct{})
+	w.conds = append(w.conds, watchCond{test: test, ch: ch})
+	return ch
 }
 
 func newWatchWriter(want string) *watchWriter {
@@ -334,6 +321,15 @@ func (w *watchWriter) Write(p []byte) (int, error) {
 		w.done = true
 		close(w.seen)
 	}
+	kept := w.conds[:0]
+	for _, c := range w.conds {
+		if c.test(string(p)) {
+			close(c.ch)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	w.conds = kept
 	return len(p), nil
 }
 

@@ -19,7 +19,9 @@
 // binaries Start fails with an error that says so: tests that need the cluster fail, never skip.
 //
 // The server runs as a child process of the test binary with a parent-death signal, so a test
-// binary that is killed does not leave it running.
+// binary that is killed does not leave it running. Halt and Restart stop it with the
+// cluster's own pg_ctl (pg_ctl stop -m fast, -m immediate), as an operator would; the start
+// that follows is pgtest's, since pg_ctl start would detach the server from the test binary.
 package pgtest
 
 import (
@@ -50,10 +52,12 @@ type Cluster struct {
 	// Dir is the temporary directory that holds the data directory, the socket and the log.
 	Dir string
 
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	stopped atomic.Bool
-	dbs     atomic.Int64
+	bin, data string // for Boot
+	cred      *syscall.Credential
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	stopped   atomic.Bool
+	dbs       atomic.Int64
 }
 
 // DSN returns the connection string of database db (the "postgres" superuser, no password).
@@ -101,9 +105,9 @@ func freePort() (int, error) {
 }
 
 // Main runs a test binary's tests with a throwaway cluster: it starts one, sets *c to it, runs
-// m, stops it, then checks that no goroutine is left over (go.uber.org/goleak), and exits. Use
-// it as TestMain's body. A failure to start the cluster fails the binary (it never skips).
-func Main(m *testing.M, c **Cluster) {
+// m, stops it, runs the cleanups, then checks that no goroutine is left over
+// (go.uber.org/goleak), and exits. Use it as TestMain's body. A failure to start the cluster fails the binary (it never skips).
+func Main(m *testing.M, c **Cluster, cleanups ...func()) {
 	cl, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -112,6 +116,9 @@ func Main(m *testing.M, c **Cluster) {
 	*c = cl
 	code := m.Run()
 	cl.Stop()
+	for _, f := range cleanups {
+		f()
+	}
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: goroutines left over after the tests: %v\n", err)
@@ -192,7 +199,7 @@ log_min_messages=warning
 		if cred != nil {
 			os.Chown(filepath.Join(data, "postgresql.auto.conf"), int(cred.Uid), int(cred.Gid))
 		}
-		c.Port = port
+		c.Port, c.bin, c.data, c.cred = port, bin, data, cred
 		if err := c.startServer(bin, data, cred); err != nil {
 			lastErr = err
 			continue
@@ -265,8 +272,8 @@ func tail(s string, n int) string {
 	return s
 }
 
-// Stop shuts the server down (fast shutdown, then SIGKILL after 10 s) and removes its
-// directory. It may be called more than once.
+// Stop shuts the server down (fast shutdown, then SIGKILL of its processes after 10 s) and
+// removes its directory. It may be called more than once.
 func (c *Cluster) Stop() error {
 	if c == nil || !c.stopped.CompareAndSwap(false, true) {
 		return nil
@@ -276,11 +283,105 @@ func (c *Cluster) Stop() error {
 		select {
 		case <-c.exited:
 		case <-time.After(10 * time.Second):
-			c.cmd.Process.Kill()
-			<-c.exited
+			c.kill()
 		}
 	}
 	return os.RemoveAll(c.Dir)
+}
+
+// kill sends SIGKILL to the server's processes (its process group: the postmaster's children
+// too, which would otherwise keep its shared memory and keep a new postmaster from starting)
+// and waits for the postmaster to exit.
+func (c *Cluster) kill() {
+	syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	<-c.exited
+}
+
+// restartTimeout is how long Restart waits for the server to shut down.
+var restartTimeout = 60 * time.Second
+
+// Restart is pg_ctl restart -m MODE: it stops the server with pg_ctl stop -m MODE (Halt) and
+// starts it again (Boot), on the same port and data directory. Mode "fast": open
+// transactions are rolled back, clients disconnected, a checkpoint written; "immediate": the
+// server's processes quit at once, and it starts with crash recovery. Prepared transactions
+// survive both. It returns once the server accepts connections again. A server that has not
+// shut down after a minute (a fast shutdown waits for the clients of its walsenders to confirm
+// what they were sent) is an error: Restart then stops it with an immediate shutdown (or
+// SIGKILL), starts it again and returns that error, so that a test sees the hang.
+func (c *Cluster) Restart(mode string) error {
+	if mode != "fast" && mode != "immediate" {
+		return fmt.Errorf("pgtest: Restart(%q): want fast or immediate", mode)
+	}
+	if c.stopped.Load() {
+		return errors.New("pgtest: Restart of a stopped cluster")
+	}
+	_, err := c.Halt(mode, restartTimeout)
+	if err == nil {
+		return c.Boot()
+	}
+	how := "an immediate shutdown"
+	if _, ierr := c.Halt("immediate", 10*time.Second); ierr != nil {
+		how = "SIGKILL"
+		c.kill()
+	}
+	if berr := c.Boot(); berr != nil {
+		return errors.Join(fmt.Errorf("pgtest: Restart(%q): %w (stopped with %s)", mode, err, how), berr)
+	}
+	return fmt.Errorf("pgtest: Restart(%q): %w; stopped it with %s and started it again", mode, err, how)
+}
+
+// Halt is pg_ctl stop -m MODE ("smart", "fast" or "immediate"; pg_ctl sends the postmaster
+// SIGTERM, SIGINT or SIGQUIT and waits for it to remove its postmaster.pid): it runs the
+// cluster's pg_ctl with a wait of timeout (rounded up to whole seconds, as pg_ctl -t takes
+// them) and waits for the server process to exit. It returns how long the server took, or an
+// error when it did not stop within timeout (it is then still shutting down: Halt again, or
+// Stop, ends it; a Halt of a server that has stopped returns at once). Boot starts it again
+// with the same data directory and port.
+//
+// The start is not pg_ctl's: pg_ctl start runs the server detached from the caller, and the
+// server must stay a child of the test binary, whose parent-death signal ends it when the
+// test binary is killed.
+func (c *Cluster) Halt(mode string, timeout time.Duration) (time.Duration, error) {
+	if mode != "smart" && mode != "fast" && mode != "immediate" {
+		return 0, fmt.Errorf("pgtest: Halt(%q): the mode is smart, fast or immediate", mode)
+	}
+	select {
+	case <-c.exited: // stopped already (by an earlier Halt that gave up waiting)
+		return 0, nil
+	default:
+	}
+	secs := int((timeout + time.Second - 1) / time.Second)
+	cmd := exec.Command(filepath.Join(c.bin, "pg_ctl"), "stop", "-D", c.data, "-m", mode, "-w", "-t", strconv.Itoa(secs))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred} // pg_ctl, as initdb, refuses to run as root
+	cmd.Dir = filepath.Dir(c.data)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	select {
+	case <-c.exited: // (pg_ctl fails when the server has gone before it looked)
+		return time.Since(start), nil
+	default:
+	}
+	if err != nil {
+		return time.Since(start), fmt.Errorf("pgtest: pg_ctl stop -m %s -t %d: the server did not stop within %v: %v: %s",
+			mode, secs, timeout, err, strings.TrimSpace(string(out)))
+	}
+	// pg_ctl returns once postmaster.pid is gone, which the postmaster removes as it exits.
+	select {
+	case <-c.exited:
+		return time.Since(start), nil
+	case <-time.After(10 * time.Second):
+		return time.Since(start), fmt.Errorf("pgtest: pg_ctl stop -m %s reported the server stopped, but its process has not exited 10 s later", mode)
+	}
+}
+
+// Boot starts the server again after Halt, on the same data directory and port.
+func (c *Cluster) Boot() error {
+	select {
+	case <-c.exited:
+	default:
+		return errors.New("pgtest: Boot: the server is still running")
+	}
+	return c.startServer(c.bin, c.data, c.cred)
 }
 
 // CreateDB creates a fresh database named after prefix (made unique) and returns its DSN.

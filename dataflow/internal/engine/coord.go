@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // ErrCrashed is the cause of a run stopped by its crash hook.
@@ -20,14 +21,21 @@ type coordinator struct {
 	frontier  []uint64
 	done      []bool
 	workers   []*worker
-	pending   []Snapshot // handed over by workers, not yet written
-	requested uint64     // the newest epoch the cluster frontier has passed
-	allDone   bool       // every worker is done; requested is the final epoch
+	pending   [][]Snapshot // handed over by workers, not yet written, as reported
+	fl        inFlight     // what pending and the writer hold (with a store)
+	requested uint64       // the newest epoch the cluster frontier has passed
+	allDone   bool         // every worker is done; requested is the final epoch
 	onCommit  func(epoch uint64) error
 	store     Store
 	crash     func(point string) bool
 	ctx       context.Context
 	fail      func(error)
+	meter     *Meter // nil without one
+
+	// free holds snapshot slices that workers filled and the writer copied out (cleared): a
+	// worker's next epoch appends into one (Env.Reserve) instead of allocating it. At most
+	// len(workers) are kept. Guarded by mu.
+	free [][]Snapshot
 
 	wakeWriter chan struct{}
 	committed  atomic.Uint64
@@ -39,7 +47,12 @@ type coordinator struct {
 func (c *coordinator) report(w int, frontier uint64, done bool, snaps []Snapshot) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pending = append(c.pending, snaps...)
+	if len(snaps) > 0 {
+		c.pending = append(c.pending, snaps)
+	}
+	if c.store != nil {
+		c.fl.add(snaps, c.committed.Load())
+	}
 	c.frontier[w], c.done[w] = frontier, done
 	low, all, final := uint64(eofEpoch), true, uint64(0)
 	for i, f := range c.frontier {
@@ -71,19 +84,68 @@ func (c *coordinator) report(w int, frontier uint64, done bool, snaps []Snapshot
 			return
 		}
 	}
-	c.pending = c.pending[:0]
+	c.pending = nil
 	c.publish(c.requested, all)
 }
 
 // publish makes epoch the committed one and wakes the workers to call Commit.
 func (c *coordinator) publish(epoch uint64, final bool) {
 	c.committed.Store(max(epoch, c.committed.Load()))
+	if c.meter != nil {
+		c.meter.commit(c.committed.Load())
+	}
 	if final {
 		c.finished.Store(true)
 	}
 	for _, wk := range c.workers {
 		wk.wakeUp()
 	}
+}
+
+// recycle puts the slices the workers filled and takeUpTo copied out on the free list, for
+// the workers' next epochs (no allocation and no garbage of a snapshot slice per worker and
+// epoch). The store never sees them: what it gets is takeUpTo's copy.
+func (c *coordinator) recycle(spent [][]Snapshot) {
+	if len(spent) == 0 {
+		return
+	}
+	for _, s := range spent {
+		clear(s) // the keys and states they held can be collected
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range spent {
+		if len(c.free) < len(c.workers) {
+			c.free = append(c.free, s[:0])
+			continue
+		}
+		// Full: keep the biggest.
+		j := 0
+		for i := range c.free {
+			if cap(c.free[i]) < cap(c.free[j]) {
+				j = i
+			}
+		}
+		if cap(s) > cap(c.free[j]) {
+			c.free[j] = s[:0]
+		}
+	}
+}
+
+// reuse returns a free snapshot slice with room for n, or nil if there is none.
+func (c *coordinator) reuse(n int) []Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, s := range c.free {
+		if cap(s) >= n {
+			last := len(c.free) - 1
+			c.free[i] = c.free[last]
+			c.free[last] = nil
+			c.free = c.free[:last]
+			return s
+		}
+	}
+	return nil
 }
 
 // hit calls the crash hook at a named point; it reports true when the run must stop there as
@@ -97,7 +159,10 @@ func (c *coordinator) hit(point string) bool {
 }
 
 // writer records requested epochs in the store, one transaction each, coalescing epochs that
-// were passed while it was writing (a commit is subsuming).
+// were passed while it was writing (a commit is subsuming): such a transaction gets only the
+// newest snapshot of each key (see newestOnly). While it writes, the workers run the next
+// epochs; they pause their sources when too many epochs or snapshot bytes wait (see
+// worker.canRead), so that a store that falls behind slows the flow instead of filling memory.
 func (c *coordinator) writer() {
 	for {
 		select {
@@ -111,25 +176,30 @@ func (c *coordinator) writer() {
 			c.mu.Unlock()
 			continue
 		}
-		var snaps, keep []Snapshot
-		for _, s := range c.pending {
-			if s.Epoch <= epoch {
-				snaps = append(snaps, s)
-			} else {
-				keep = append(keep, s)
-			}
-		}
-		c.pending = keep
+		var snaps []Snapshot
+		var spent [][]Snapshot
+		snaps, spent, c.pending = takeUpTo(c.pending, epoch)
+		taken := snapshotBytes(snaps)
 		frontiers := append([]uint64(nil), c.frontier...)
 		c.mu.Unlock()
+		c.recycle(spent)
 
 		if epoch > c.committed.Load() {
 			if c.hit("before-commit-record") {
 				return
 			}
+			snaps = newestOnly(snaps)
+			began := time.Now()
 			if err := c.store.Commit(c.ctx, epoch, frontiers, snaps); err != nil {
 				c.fail(fmt.Errorf("recording epoch %d as committed: %w", epoch, err))
 				return
+			}
+			if c.meter != nil && c.meter.ObserveSnapshot != nil {
+				bytes := 0
+				for _, s := range snaps {
+					bytes += len(s.Key) + len(s.State)
+				}
+				c.meter.ObserveSnapshot(time.Since(began), bytes)
 			}
 			if c.hit("after-commit-record") {
 				return
@@ -141,6 +211,9 @@ func (c *coordinator) writer() {
 				}
 			}
 		}
+		c.mu.Lock()
+		c.fl.done(taken, epoch)
+		c.mu.Unlock()
 		c.publish(epoch, final)
 	}
 }

@@ -16,11 +16,20 @@ type Graph struct {
 
 // Step is one node of the graph.
 type Step struct {
-	ID      string
+	ID string
+	// Kind names what the step does (source, transform, stateful, sink...), for descriptions
+	// of the graph; the engine does not use it.
+	Kind    string
 	Inputs  []Edge
 	Outputs int
 	// Source marks a step whose node implements SourceNode.
 	Source bool
+	// KeepsOrigin marks a step whose node emits, from OnBatch, only items of the batch it is
+	// handling, and nothing from OnEOF, OnTime or OnEpochEnd (a transform, a split, a merge):
+	// what it emits comes from the source partition its input batch came from. A step fed
+	// from sources only through such steps and local edges can tell, with Env.Origin, which
+	// partition each batch comes from.
+	KeepsOrigin bool
 	// Setup, if set, runs once per Run before any worker starts; its result is handed to New on
 	// every worker (for example a source's partition list).
 	Setup func(ctx context.Context, workers int) (any, error)

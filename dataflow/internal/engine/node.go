@@ -3,7 +3,10 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
+
+	"github.com/epochflow/epochflow/recovery"
 )
 
 // Env is what a node gets from the worker that runs it.
@@ -22,6 +25,131 @@ type Env struct {
 	w        *worker
 	step     int
 	reusable []bool
+	origins  *originMap // computed by Origins
+}
+
+// origin is a source partition on a worker: the source step and the partition's number there.
+type origin struct{ step, part int }
+
+// noOrigin is the origin of a batch that no source is emitting just now.
+var noOrigin = origin{step: -1}
+
+// originMap numbers the source partitions that feed a step on a worker (see Env.Origins).
+type originMap struct {
+	n    int
+	base map[int]int // source step -> number of its first partition
+	of   []origin    // per number
+}
+
+// SetParts tells the worker, from a source node's New, how many partitions the node reads on
+// this worker; EmitPart and PartEnded number them 0..n-1.
+func (e *Env) SetParts(n int) {
+	e.w.parts[e.step] = n
+	e.w.partEnded[e.step] = make([]bool, n)
+}
+
+// EmitPart is Emit for a source node that read batch from its partition part: while the batch
+// is handed on through local edges, Env.Origin of the steps it reaches tells that partition.
+func (e *Env) EmitPart(port int, epoch uint64, batch any, part int) error {
+	w := e.w
+	prev := w.origin
+	w.origin = origin{step: e.step, part: part}
+	err := w.emit(e.step, port, epoch, batch)
+	w.origin = prev
+	return err
+}
+
+// PartEnded records, from a source node, that its partition part has ended (Env.OriginEnded).
+func (e *Env) PartEnded(part int) {
+	if ended := e.w.partEnded[e.step]; part >= 0 && part < len(ended) {
+		ended[part] = true
+	}
+}
+
+// Origins returns how many source partitions feed the step on this worker when every path into
+// the step comes from sources through local edges and steps that keep origins
+// (Step.KeepsOrigin), so that every batch the step gets comes whole from one of them; it
+// returns 0 when some path crosses an exchange or a step that mixes batches (a combiner), and
+// when no partition is read on this worker. The partitions are numbered by source step, then
+// by their number in the source (SetParts). Nodes are built in the order of the steps, so a
+// node may call it from New.
+func (e *Env) Origins() int { return e.originMap().n }
+
+// Origin returns the number (of Origins) of the source partition that the batch being handled
+// now comes from, or -1 when that is not known: the step has no Origins, or the batch was not
+// emitted while a source handed on what it read.
+func (e *Env) Origin() int {
+	o := e.w.origin
+	if o.step < 0 {
+		return -1
+	}
+	m := e.originMap()
+	base, ok := m.base[o.step]
+	if !ok || o.part < 0 || o.part >= e.w.parts[o.step] {
+		return -1
+	}
+	return base + o.part
+}
+
+// OriginEnded tells whether the source partition numbered i (of Origins) has ended.
+func (e *Env) OriginEnded(i int) bool {
+	m := e.originMap()
+	if i < 0 || i >= m.n {
+		return false
+	}
+	o := m.of[i]
+	return e.w.partEnded[o.step][o.part]
+}
+
+func (e *Env) originMap() *originMap {
+	if e.origins != nil {
+		return e.origins
+	}
+	e.origins = &originMap{}
+	p := e.w.p
+	seen := map[int]bool{}
+	var sources []int
+	ok := true
+	var visit func(step int)
+	visit = func(step int) {
+		for _, eid := range p.inEdges[step] {
+			if !ok {
+				return
+			}
+			edge := p.edges[eid]
+			if edge.channel {
+				ok = false
+				return
+			}
+			if seen[edge.from] {
+				continue
+			}
+			seen[edge.from] = true
+			switch s := p.steps[edge.from]; {
+			case s.Source:
+				sources = append(sources, edge.from)
+			case s.KeepsOrigin:
+				visit(edge.from)
+			default:
+				ok = false
+			}
+		}
+	}
+	visit(e.step)
+	if !ok {
+		return e.origins
+	}
+	slices.Sort(sources)
+	m := &originMap{base: map[int]int{}}
+	for _, s := range sources {
+		m.base[s] = m.n
+		for i := range e.w.parts[s] {
+			m.of = append(m.of, origin{step: s, part: i})
+		}
+		m.n += e.w.parts[s]
+	}
+	e.origins = m
+	return m
 }
 
 // Reusable tells whether a batch emitted on port is free again once Emit returns: every
@@ -35,6 +163,20 @@ func (e *Env) Save(epoch uint64, key string, state []byte, deleted bool) {
 	e.w.snaps = append(e.w.snaps, Snapshot{Step: e.StepID, Key: key, Epoch: epoch, State: state, Deleted: deleted})
 }
 
+// Reserve makes room for n more calls of Save, so that a step that knows how many snapshots
+// it takes at the end of an epoch has them appended without regrowing (which copies every
+// snapshot twice on average).
+// A worker's first Reserve after a report takes a slice the store's writer is done with, if
+// one is big enough.
+func (e *Env) Reserve(n int) {
+	if len(e.w.snaps) == 0 && cap(e.w.snaps) < n {
+		if s := e.w.r.coord.reuse(n); s != nil {
+			e.w.snaps = s
+		}
+	}
+	e.w.snaps = slices.Grow(e.w.snaps, n)
+}
+
 // Restored returns the state the step had at the committed epoch the run resumes from: every
 // key of the step, on every worker (a node keeps the keys it owns).
 func (e *Env) Restored() []Restored { return e.w.r.cfg.Restored[e.StepID] }
@@ -45,13 +187,9 @@ func (e *Env) Emit(port int, epoch uint64, batch any) error {
 	return e.w.emit(e.step, port, epoch, batch)
 }
 
-// Snapshot is one piece of state saved at the end of an epoch.
-type Snapshot struct {
-	Step, Key string
-	Epoch     uint64
-	State     []byte
-	Deleted   bool
-}
+// Snapshot is one piece of state saved at the end of an epoch. It is the recovery store's own
+// type, so that the snapshots reach the store as the workers took them, without a copy.
+type Snapshot = recovery.Snapshot
 
 // Restored is one key's state loaded from the recovery store.
 type Restored struct {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,13 @@ type Config struct {
 	Logger            *slog.Logger
 	Recovery          bool
 	StartEpoch        uint64 // first epoch (committed epoch + 1)
+	// MaxSnapshotBytesInFlight, if positive, pauses the sources while the snapshots handed
+	// to the store's writer and not yet durable hold more bytes (see snapshotBytes).
+	MaxSnapshotBytesInFlight int64
+	// OnInFlight, if set, is called (under the coordinator's lock: it must not call back
+	// into the run) whenever the snapshots held for the store change: with how many epochs
+	// they span beyond the committed one and their bytes. For tests of the bounds.
+	OnInFlight func(epochs uint64, bytes int64)
 	// OnCommit is called with the new committed epoch before any Commit for it runs.
 	OnCommit func(epoch uint64) error
 	// Store, if set, durably records each committed epoch with its snapshots before any
@@ -33,9 +39,18 @@ type Config struct {
 	// Stop, when closed, makes the run stop gracefully: sources stop reading, the open epoch
 	// is closed and committed, and Run returns nil. Steps do not see an end of input.
 	Stop <-chan struct{}
+	// StopWarning, if set, is logged at warn level when a stop begins (what the stop loses).
+	StopWarning string
+	// Meter, if set, counts what the run does (see Meter); it must have been made for this
+	// graph and Workers.
+	Meter *Meter
+	// StepContext, if set, derives the context a step's node gets (Env.Ctx) from the run's.
+	StepContext func(ctx context.Context, step string) context.Context
 }
 
-// StepError is an error that happened in a step on a worker.
+// StepError is an error that happened in a step on a worker. Worker is -1 for an error found
+// before any worker ran (setting the step up: listing its partitions), and the message then
+// names no worker.
 type StepError struct {
 	Step   string
 	Worker int
@@ -43,10 +58,28 @@ type StepError struct {
 }
 
 func (e *StepError) Error() string {
+	if e.Worker < 0 {
+		return fmt.Sprintf("step %q: %v", e.Step, e.Err)
+	}
 	return fmt.Sprintf("step %q (worker %d): %v", e.Step, e.Worker, e.Err)
 }
 
 func (e *StepError) Unwrap() error { return e.Err }
+
+// Stats is what Run tells about a run, whether it failed or not.
+type Stats struct {
+	// Running tells whether every node was built and the workers started: an error of a run
+	// that never ran is one of its configuration or of building its steps.
+	Running bool
+	// Read is the number of items the sources emitted; Written the number of items handed
+	// to sinks (written, not necessarily committed).
+	Read, Written uint64
+	// Committed is the last committed epoch when the run ended (StartEpoch-1 when it
+	// committed nothing).
+	Committed uint64
+	// Stopped tells whether the run ended because of a graceful stop (Config.Stop).
+	Stopped bool
+}
 
 type run struct {
 	start    time.Time // epochs close on ticks of EpochInterval from here, on every worker
@@ -57,12 +90,13 @@ type run struct {
 
 // Run runs the graph until every source has ended and the last epoch is committed, until ctx
 // is done, or until a step fails. No goroutine it starts outlives it.
-func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
+func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
+	st := Stats{Committed: max(cfg.StartEpoch, 1) - 1}
 	if cfg.Workers < 1 {
-		return fmt.Errorf("workers must be at least 1, got %d", cfg.Workers)
+		return st, fmt.Errorf("workers must be at least 1, got %d", cfg.Workers)
 	}
 	if cfg.EpochInterval <= 0 {
-		return fmt.Errorf("epoch interval must be positive, got %v", cfg.EpochInterval)
+		return st, fmt.Errorf("epoch interval must be positive, got %v", cfg.EpochInterval)
 	}
 	if cfg.MaxEpochsInFlight < 1 {
 		cfg.MaxEpochsInFlight = 4
@@ -78,7 +112,11 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 	}
 	p, err := compile(g)
 	if err != nil {
-		return err
+		return st, err
+	}
+	if m := cfg.Meter; m != nil && (m.Workers() != cfg.Workers || len(m.workers[0].in) != len(p.steps)) {
+		return st, fmt.Errorf("engine: the meter counts %d workers and %d steps, the run has %d and %d",
+			m.Workers(), len(m.workers[0].in), cfg.Workers, len(p.steps))
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -86,8 +124,9 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 	r := &run{cfg: cfg, start: time.Now()}
 	n := cfg.Workers
 	r.coord = &coordinator{frontier: make([]uint64, n), done: make([]bool, n), onCommit: cfg.OnCommit,
-		store: cfg.Store, crash: cfg.Crash, ctx: ctx, wakeWriter: make(chan struct{}, 1),
+		store: cfg.Store, crash: cfg.Crash, ctx: ctx, wakeWriter: make(chan struct{}, 1), meter: cfg.Meter,
 		fail: func(err error) { cancel(err) }}
+	r.coord.fl.budget, r.coord.fl.hook = cfg.MaxSnapshotBytesInFlight, cfg.OnInFlight
 	r.coord.committed.Store(cfg.StartEpoch - 1)
 	r.coord.requested = cfg.StartEpoch - 1
 	for i := range r.coord.frontier {
@@ -99,7 +138,7 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 		if s.Setup != nil {
 			v, err := s.Setup(ctx, n)
 			if err != nil {
-				return &StepError{Step: s.ID, Worker: -1, Err: err}
+				return st, &StepError{Step: s.ID, Worker: -1, Err: err}
 			}
 			shared[i] = v
 		}
@@ -127,9 +166,14 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 		for _, w := range workers {
 			errs = append(errs, w.closeNodes())
 		}
-		return errors.Join(errs...)
+		return st, errors.Join(errs...)
 	}
 
+	st.Running = true
+	if cfg.Meter != nil {
+		cfg.Meter.begin(p, workers, cfg.StartEpoch-1)
+		defer cfg.Meter.end()
+	}
 	var wg sync.WaitGroup
 	if cfg.Store != nil {
 		wg.Add(1)
@@ -144,6 +188,9 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 			defer wg.Done()
 			select {
 			case <-cfg.Stop:
+				if cfg.StopWarning != "" {
+					cfg.Logger.Warn(cfg.StopWarning)
+				}
 				r.stopping.Store(true)
 				for _, w := range workers {
 					w.wakeUp()
@@ -168,8 +215,18 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 	c := context.Cause(ctx)
 	cancel(nil) // ends the stop watcher
 	wg.Wait()
+	for i, w := range workers {
+		st.Read += w.read
+		st.Written += w.written
+		var pe *PanicError
+		if errs[i] != nil && errors.As(errs[i], &pe) {
+			cfg.Logger.Debug("stack of the panic", "worker", i, "error", errs[i].Error(), "stack", string(pe.Stack))
+		}
+	}
+	st.Committed = r.coord.committed.Load()
+	st.Stopped = r.stopping.Load()
 	if c == nil {
-		return errors.Join(errs...)
+		return st, errors.Join(errs...)
 	}
 	// The first failure is the cause; the other workers' errors are its echo (the context was
 	// cancelled), except failures of their own, such as a Close that failed.
@@ -179,7 +236,7 @@ func Run(ctx context.Context, g *Graph, cfg Config) (err error) {
 			out = append(out, e)
 		}
 	}
-	return errors.Join(out...)
+	return st, errors.Join(out...)
 }
 
 // nextTick is the first tick of the run's epoch clock after now. Every worker closes its epochs
@@ -210,6 +267,12 @@ func newWorker(r *run, p *plan, i, n int, shared []any) *worker {
 		lastSent:    r.cfg.StartEpoch - 1,
 		wake:        make(chan struct{}, 1),
 		timer:       time.NewTimer(time.Hour),
+		parts:       make([]int, len(p.steps)),
+		partEnded:   make([][]bool, len(p.steps)),
+		origin:      noOrigin,
+	}
+	if r.cfg.Meter != nil {
+		w.m = r.cfg.Meter.workers[i]
 	}
 	w.timer.Stop()
 	for d := range w.epoch {
@@ -249,7 +312,11 @@ func wireMailboxes(p *plan, workers []*worker) {
 
 func (w *worker) build(shared []any) error {
 	for i, s := range w.p.steps {
-		env := &Env{Ctx: w.ctx, StepID: s.ID, Worker: w.index, Workers: w.total,
+		ctx := w.ctx
+		if w.r.cfg.StepContext != nil {
+			ctx = w.r.cfg.StepContext(ctx, s.ID)
+		}
+		env := &Env{Ctx: ctx, StepID: s.ID, Worker: w.index, Workers: w.total,
 			Logger: w.r.cfg.Logger, Recovery: w.r.cfg.Recovery, StartEpoch: w.r.cfg.StartEpoch, w: w, step: i}
 		w.envs[i] = env
 		node, err := s.New(env, shared[i])
@@ -306,9 +373,7 @@ func (w *worker) closeNodes() error {
 func (w *worker) main() (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			w.r.cfg.Logger.Error("panic in step", "step", w.p.steps[w.cur].ID, "worker", w.index,
-				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			err = &StepError{Step: w.p.steps[w.cur].ID, Worker: w.index, Err: fmt.Errorf("panic: %v", p)}
+			err = &StepError{Step: w.p.steps[w.cur].ID, Worker: w.index, Err: NewPanicError(p)}
 		}
 		if errors.Is(context.Cause(w.ctx), ErrCrashed) {
 			return // a simulated crash: nothing is closed

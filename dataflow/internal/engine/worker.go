@@ -45,6 +45,22 @@ type worker struct {
 
 	wake  chan struct{}
 	timer *time.Timer
+
+	parts     []int    // per source step: the partitions its node reads here (Env.SetParts)
+	partEnded [][]bool // per source step and partition: ended (Env.PartEnded)
+	origin    origin   // the source partition whose batch is being handed on (Env.EmitPart)
+
+	read, written uint64 // items emitted by sources, and handed to sinks
+
+	m *workerMeter // nil without a Meter
+}
+
+// batchLen is the number of items of a batch (a slice).
+func batchLen(batch any) uint64 {
+	if v := reflect.ValueOf(batch); v.Kind() == reflect.Slice {
+		return uint64(v.Len())
+	}
+	return 0
 }
 
 func (w *worker) wakeUp() {
@@ -67,10 +83,32 @@ func (w *worker) wrap(step int, err error) error {
 
 // emit hands a batch from an output port to its consumers.
 func (w *worker) emit(step, port int, epoch uint64, batch any) error {
+	if w.p.steps[step].Source {
+		w.read += batchLen(batch)
+	}
+	m := w.m
+	var n uint64
+	if m != nil {
+		n = batchLen(batch)
+		m.out[step].Add(n)
+		if w.p.steps[step].Source {
+			m.in[step].Add(n)
+		}
+	}
 	for _, eid := range w.p.outEdges[step][port] {
 		e := &w.p.edges[eid]
 		switch {
 		case !e.channel:
+			sink := w.p.steps[e.to].Outputs == 0
+			if sink {
+				w.written += batchLen(batch)
+			}
+			if m != nil {
+				m.in[e.to].Add(n)
+				if sink {
+					m.out[e.to].Add(n)
+				}
+			}
 			prev := w.cur
 			w.cur = e.to
 			err := w.nodes[e.to].OnBatch(e.toPort, epoch, batch)
@@ -254,6 +292,9 @@ func (w *worker) finishGroup(d int) error {
 	if err := w.closeGroup(d, w.epoch[d]); err != nil {
 		return err
 	}
+	if d == 0 {
+		w.epochEnded(w.epoch[0], time.Now())
+	}
 	w.groupDone[d] = true
 	w.report()
 	return nil
@@ -290,6 +331,16 @@ func (w *worker) drain(d int) (bool, error) {
 						}
 						w.cur = edge.to
 						node := w.nodes[edge.to]
+						if w.p.steps[edge.to].Outputs == 0 {
+							w.written += batchLen(msg.batch)
+						}
+						if m := w.m; m != nil {
+							n := batchLen(msg.batch)
+							m.in[edge.to].Add(n)
+							if w.p.steps[edge.to].Outputs == 0 {
+								m.out[edge.to].Add(n)
+							}
+						}
 						if err := node.OnBatch(edge.toPort, e, msg.batch); err != nil {
 							return progress, w.wrap(edge.to, err)
 						}
@@ -389,9 +440,12 @@ func (w *worker) report() {
 // committed, reading stops until a commit, however slow the store or a lagging worker.
 func (w *worker) inFlight() uint64 { return w.epoch[0] - w.committed }
 
-// canRead tells whether the sources may read: not too many epochs in flight, no full mailbox.
+// canRead tells whether the sources may read: not too many epochs in flight, not too many
+// snapshot bytes waiting for the store (the commit that lowers them wakes the workers), no
+// full mailbox. Epochs still close while reading is paused, so every worker reaches the
+// epochs the store waits for and the writer always has something to commit.
 func (w *worker) canRead() bool {
-	if w.inFlight() > uint64(w.r.cfg.MaxEpochsInFlight) {
+	if w.inFlight() > uint64(w.r.cfg.MaxEpochsInFlight) || w.r.coord.fl.over.Load() {
 		return false
 	}
 	for _, mb := range w.outAll {
@@ -439,7 +493,11 @@ func (w *worker) maybeCloseEpoch(now time.Time) (bool, error) {
 	if err := w.closeGroup(0, e); err != nil {
 		return false, err
 	}
+	w.epochEnded(e, now)
 	w.epoch[0] = e + 1
+	if w.m != nil {
+		w.m.open.Store(e + 1)
+	}
 	w.closeAt = w.r.nextTick(now)
 	w.report()
 	return true, nil
@@ -481,6 +539,13 @@ func (w *worker) commitUpTo(c uint64) error {
 	}
 	w.committed = c
 	return nil
+}
+
+// epochEnded tells the meter that epoch ended at this worker's sources.
+func (w *worker) epochEnded(epoch uint64, at time.Time) {
+	if w.m != nil {
+		w.r.cfg.Meter.epochEnded(epoch, at)
+	}
 }
 
 func (w *worker) done() bool {

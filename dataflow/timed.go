@@ -1,0 +1,434 @@
+package dataflow
+
+import (
+	"container/heap"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/epochflow/epochflow/dataflow/internal/engine"
+)
+
+// TimedLogic says what a keyed event-time step does with each key's state S. As in
+// StatefulLogic, every function runs on the worker that owns the key, state points at the key's
+// state (the zero S when exists is false), and keep=false discards it.
+type TimedLogic[V, S, W any] struct {
+	// OnItem handles one item of the key: at is its time (from the clock), wm the step's
+	// watermark when it came (items before wm are late). Required.
+	OnItem func(key string, state *S, exists bool, item V, at, wm time.Time, out *Emitter[W]) (keep bool, err error)
+	// WakeAt returns the event time at which the key wants OnWatermark (the zero time for
+	// never). It is asked after every call, and for every restored key. Optional.
+	WakeAt func(key string, state *S) time.Time
+	// OnWatermark is called once the watermark has reached the time WakeAt asked for; wm is
+	// the watermark (EndOfTime once every input has ended). Optional.
+	OnWatermark func(key string, state *S, wm time.Time, out *Emitter[W]) (keep bool, err error)
+	// Codec stores the state, as StatefulLogic.Codec does. nil means DefaultCodec.
+	Codec Codec[S]
+}
+
+// StatefulTime adds a keyed stateful step that keeps time with clock: items are stamped and
+// exchanged by key with the watermark of every upstream worker, the minimum over the source
+// partitions it reads (see Clock), and each key can
+// ask to be called when the watermark reaches a time. It adds a clock step named name+".clock"
+// on the upstream workers.
+//
+// State: one S per key, as Stateful; with recovery it is stored at the end of every epoch for
+// the keys that changed, and so is the step's watermark, so a resumed run starts from the
+// watermark it had committed (no item is treated as on time that was late before) and every
+// key's pending wake-up is asked again of WakeAt. Epochs: output items carry the epoch of the
+// item or mark that caused them. Watermarks: the step's watermark is the minimum over upstream
+// workers that are not idle (each sending the minimum over its source partitions that are not
+// idle nor ended), and never goes back. EOF: every upstream worker's end moves its
+// watermark to EndOfTime, so OnWatermark is called for every key that asked for a wake-up;
+// keys that still have state then keep it, and the output ends.
+func StatefulTime[V, S, W any](name string, in Stream[KV[V]], clock Clock[V], logic TimedLogic[V, S, W]) Stream[KV[W]] {
+	if !in.valid() {
+		return Stream[KV[W]]{}
+	}
+	if logic.OnItem == nil {
+		in.flow.fail(fmt.Errorf("step %q: TimedLogic.OnItem is nil", name))
+		return Stream[KV[W]]{}
+	}
+	if clock.Wait < 0 || clock.IdleTimeout < 0 {
+		in.flow.fail(fmt.Errorf("step %q: the clock's wait (%v) and idle timeout (%v) must not be negative", name, clock.Wait, clock.IdleTimeout))
+		return Stream[KV[W]]{}
+	}
+	stamps := clockStep(clockName(name), in, clock)
+	if !stamps.valid() {
+		return Stream[KV[W]]{}
+	}
+	e := stamps.edge()
+	e.NewRouter = byStampKey[V]()
+	system := clock.Timestamp == nil
+	s := in.flow.add(name, &engine.Step{Kind: "stateful-time", Inputs: []engine.Edge{e}, Outputs: 1,
+		New: func(env *engine.Env, _ any) (engine.Node, error) {
+			return newTimedNode(env, logic, system)
+		}})
+	if s == nil {
+		return Stream[KV[W]]{}
+	}
+	return Stream[KV[W]]{flow: in.flow, step: s}
+}
+
+// Snapshot keys of a StatefulTime step: a key's state under "k"+key, a worker's watermark under
+// "w"+worker.
+const (
+	timedKeyPrefix = "k"
+	timedWmPrefix  = "w"
+)
+
+type timedEntry[S any] struct {
+	state S
+	wake  int64 // the armed wake-up time, when armed
+	armed bool
+	// queued is the time of the key's earliest wake-up in the heap, when inQueue. A wake-up
+	// that moves later (a session extended by each of its items) pushes nothing: the entry
+	// already queued comes first, and advance queues it again at the key's wake then. Only an
+	// earlier one is pushed, so the heap takes a push per item only while wake-ups move earlier.
+	queued    int64
+	inQueue   bool
+	dirty     bool
+	persisted bool
+}
+
+type timedNode[V, S, W any] struct {
+	env     *engine.Env
+	logic   TimedLogic[V, S, W]
+	codec   Codec[S]
+	system  bool
+	states  map[string]*timedEntry[S]
+	out     Emitter[W]
+	timers  wakeHeap
+	track   bool
+	dirty   []string
+	deleted []string
+
+	senders []int64 // per upstream worker: its watermark
+	idle    []bool  // per upstream worker: idle
+	wm      int64   // the step's watermark on this worker
+	savedWm int64   // the watermark last stored
+	ended   bool
+	lateMet interface{ Add(float64) } // the Monitor's late-items counter, or nil
+}
+
+func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], system bool) (*timedNode[V, S, W], error) {
+	n := &timedNode[V, S, W]{env: env, logic: logic, codec: logic.Codec, system: system,
+		states: map[string]*timedEntry[S]{}, track: env.Recovery,
+		senders: make([]int64, env.Workers), idle: make([]bool, env.Workers), wm: minTime, savedWm: minTime}
+	for i := range n.senders {
+		n.senders[i] = minTime
+	}
+	if m, _ := env.Ctx.Value(metricsKey{}).(*Monitor); m != nil {
+		n.lateMet = m.late
+	}
+	if n.codec == nil {
+		n.codec = DefaultCodec[S]()
+		if env.Recovery {
+			if err := CheckCodec[S](); err != nil {
+				return nil, fmt.Errorf("%w; or give the step a codec (TimedLogic.Codec)", err)
+			}
+		}
+	} else if c, ok := n.codec.(interface{ Check() error }); ok && env.Recovery {
+		if err := c.Check(); err != nil {
+			return nil, err
+		}
+	}
+	var restored []string
+	for _, r := range env.Restored() {
+		switch {
+		case strings.HasPrefix(r.Key, timedWmPrefix):
+			// Every worker of the step had the same watermark at the end of a committed
+			// epoch (barriers are aligned, and marks go to all); the largest stored is the
+			// newest.
+			wm, k := binary.Varint(r.State)
+			if k <= 0 {
+				return nil, fmt.Errorf("restoring the watermark %q: bad encoding", r.Key)
+			}
+			n.wm = max(n.wm, wm)
+		case strings.HasPrefix(r.Key, timedKeyPrefix):
+			key := r.Key[len(timedKeyPrefix):]
+			if WorkerForKey(key, env.Workers) != env.Worker {
+				continue
+			}
+			st, err := n.codec.Decode(key, r.State)
+			if err != nil {
+				return nil, fmt.Errorf("restoring state: %w", err)
+			}
+			n.states[key] = &timedEntry[S]{state: st, persisted: true}
+			restored = append(restored, key)
+		}
+	}
+	n.savedWm = n.wm
+	slices.Sort(restored)
+	for _, key := range restored {
+		n.arm(key, n.states[key])
+	}
+	return n, nil
+}
+
+func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
+	items := batch.([]stamped[V])
+	i := 0
+	defer func() {
+		if p := recover(); p != nil {
+			err = ItemErr(items[i].kv, PanicErr(p))
+		}
+	}()
+	for ; i < len(items); i++ {
+		s := items[i]
+		if n.system {
+			if s.kind != envItem {
+				continue
+			}
+			now := nanos(time.Now())
+			if err := n.advance(now); err != nil {
+				return err
+			}
+			s.ts = now
+		} else {
+			from := int(s.from)
+			switch s.kind {
+			case envItem, envMark:
+				n.idle[from] = false
+				n.senders[from] = max(n.senders[from], s.wm)
+			case envIdle:
+				n.idle[from] = true
+			}
+			if err := n.advance(n.combined()); err != nil {
+				return err
+			}
+			if s.kind != envItem {
+				continue
+			}
+		}
+		kv := s.kv
+		e := n.states[kv.Key]
+		exists := e != nil
+		if !exists {
+			e = &timedEntry[S]{}
+		}
+		n.out.key = kv.Key
+		keep, err := n.logic.OnItem(kv.Key, &e.state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
+		if err != nil {
+			return ItemErr(kv, err)
+		}
+		n.settle(kv.Key, e, exists, keep)
+	}
+	return n.flush(epoch)
+}
+
+// combined is the minimum watermark of the upstream workers that are not idle (the current
+// watermark when all are idle).
+func (n *timedNode[V, S, W]) combined() int64 {
+	m, active := int64(maxTime), false
+	for i, wm := range n.senders {
+		if !n.idle[i] {
+			m, active = min(m, wm), true
+		}
+	}
+	if !active {
+		return n.wm
+	}
+	return m
+}
+
+// advance moves the watermark to wm if that is later, and calls OnWatermark for every key whose
+// wake-up time it reached, in the order of their times.
+func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
+	if wm <= n.wm {
+		return nil
+	}
+	n.wm = wm
+	var cur string
+	defer func() {
+		if p := recover(); p != nil {
+			err = userErr(fmt.Errorf("key %q: on watermark: %w", cur, PanicErr(p)))
+		}
+	}()
+	// Only the wake-ups due now are called; one that a call re-arms at or before wm is called
+	// at the next advance, so a logic that keeps asking for the past cannot hang the worker.
+	var due []wake
+	for len(n.timers) > 0 && n.timers[0].at <= wm {
+		t := heap.Pop(&n.timers).(wake)
+		e := n.states[t.key]
+		if e == nil || !e.inQueue || e.queued != t.at {
+			continue // stale: the key was dropped, or an earlier wake-up of it was queued since
+		}
+		e.inQueue = false
+		if !e.armed {
+			continue
+		}
+		if e.wake > t.at { // the wake-up moved later: queue it there (this loop takes it if due)
+			e.queued, e.inQueue = e.wake, true
+			heap.Push(&n.timers, wake{at: e.wake, key: t.key})
+			continue
+		}
+		due = append(due, t)
+	}
+	for _, t := range due {
+		e := n.states[t.key]
+		if e == nil || !e.armed || e.wake != t.at {
+			continue // stale
+		}
+		e.armed = false
+		if n.logic.OnWatermark == nil {
+			continue
+		}
+		cur = t.key
+		n.out.key = t.key
+		keep, err := n.logic.OnWatermark(t.key, &e.state, fromNanos(wm), &n.out)
+		if err != nil {
+			return userErr(fmt.Errorf("key %q: on watermark: %w", t.key, err))
+		}
+		n.settle(t.key, e, true, keep)
+	}
+	return nil
+}
+
+func (n *timedNode[V, S, W]) settle(key string, e *timedEntry[S], exists, keep bool) {
+	if !keep {
+		if exists {
+			delete(n.states, key)
+			if n.track && e.persisted {
+				n.deleted = append(n.deleted, key)
+			}
+		}
+		return
+	}
+	if n.track && !e.dirty {
+		e.dirty = true
+		n.dirty = append(n.dirty, key)
+	}
+	if !exists {
+		n.states[key] = e
+	}
+	n.arm(key, e)
+}
+
+func (n *timedNode[V, S, W]) arm(key string, e *timedEntry[S]) {
+	if n.logic.WakeAt == nil {
+		return
+	}
+	at := n.logic.WakeAt(key, &e.state)
+	if at.IsZero() {
+		e.armed = false
+		return
+	}
+	t := nanos(at)
+	if e.armed && e.wake == t {
+		return
+	}
+	e.armed, e.wake = true, t
+	if !e.inQueue || t < e.queued {
+		e.queued, e.inQueue = t, true
+		heap.Push(&n.timers, wake{at: t, key: key})
+	}
+}
+
+func (n *timedNode[V, S, W]) flush(epoch uint64) error {
+	if n.out.late > 0 {
+		if n.lateMet != nil {
+			n.lateMet.Add(float64(n.out.late))
+		}
+		n.out.late = 0
+	}
+	if len(n.out.out) == 0 {
+		return nil
+	}
+	out := n.out.out
+	n.out.out = nil
+	return n.env.Emit(0, epoch, out)
+}
+
+// NextTime is the earliest wake-up of a system-time step (an event-time step is woken by its
+// marks instead).
+func (n *timedNode[V, S, W]) NextTime() time.Time {
+	if !n.system || len(n.timers) == 0 || n.ended {
+		return time.Time{}
+	}
+	return fromNanos(n.timers[0].at)
+}
+
+// OnTime moves a system-time step's watermark to now.
+func (n *timedNode[V, S, W]) OnTime(now time.Time, epoch uint64) error {
+	if err := n.advance(nanos(now)); err != nil {
+		return err
+	}
+	return n.flush(epoch)
+}
+
+// OnEOF moves the watermark to the end of time (every upstream worker has sent its end mark
+// already with an event-time clock; a system-time step gets there here).
+func (n *timedNode[V, S, W]) OnEOF(epoch uint64) error {
+	if err := n.advance(maxTime); err != nil {
+		return err
+	}
+	n.ended = true
+	return n.flush(epoch)
+}
+
+// OnClose stores the changed keys' states, the tombstones and the watermark (with recovery).
+func (n *timedNode[V, S, W]) OnClose(epoch uint64) error {
+	if !n.track {
+		return nil
+	}
+	for _, key := range n.dirty {
+		e, ok := n.states[key]
+		if !ok || !e.dirty {
+			continue
+		}
+		b, err := n.codec.Encode(e.state)
+		if err != nil {
+			return fmt.Errorf("key %q: encoding state: %w", key, err)
+		}
+		e.dirty, e.persisted = false, true
+		n.env.Save(epoch, timedKeyPrefix+key, b, false)
+	}
+	if len(n.deleted) > 1 {
+		slices.Sort(n.deleted)
+		n.deleted = slices.Compact(n.deleted)
+	}
+	for _, key := range n.deleted {
+		if _, ok := n.states[key]; !ok {
+			n.env.Save(epoch, timedKeyPrefix+key, nil, true)
+		}
+	}
+	n.dirty = n.dirty[:0]
+	n.deleted = n.deleted[:0]
+	if n.wm != n.savedWm && !n.system {
+		n.env.Save(epoch, timedWmPrefix+strconv.Itoa(n.env.Worker), binary.AppendVarint(nil, n.wm), false)
+		n.savedWm = n.wm
+	}
+	return nil
+}
+
+// ConsumesBatches tells the engine that the node keeps nothing of a batch but copies.
+func (n *timedNode[V, S, W]) ConsumesBatches() {}
+
+func (n *timedNode[V, S, W]) Close() error { return nil }
+
+type wake struct {
+	at  int64
+	key string
+}
+
+type wakeHeap []wake
+
+func (h wakeHeap) Len() int { return len(h) }
+func (h wakeHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].key < h[j].key
+}
+func (h wakeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)   { *h = append(*h, x.(wake)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
+}

@@ -1,0 +1,21 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/epochflow/epochflow/internal/exampletest"
+)
+
+// example is this package's binary, built once per test binary.
+var example = exampletest.New("amqp-to-file")
+
+func buildBinary(t *testing.T) string { return example.Path(t) }
+
+func removeBinary() { example.Remove() }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	removeBinary()
+	os.Exit(code)
+}

@@ -1,0 +1,14 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/epochflow/epochflow/internal/exampletest"
+)
+
+// example is this package's binary, built once per test binary.
+var example = exampletest.New("sqs-to-file")
+
+func buildBinary(t *testing.T) string { return example.Path(t) }
+
+func removeBinary() { example.Remove() }

@@ -1,0 +1,435 @@
+package recovery
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Commit implements Store. It sorts the snapshots of each step into a run (runs.go), drops
+// those of a key that a newer one of the same commit supersedes once the horizon passes it,
+// writes the run as chunk rows, and compacts the step's runs (compact.go) if they have grown:
+// all in one transaction, with one fsync of the WAL at its end.
+func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkWritable("Commit"); err != nil {
+		return err
+	}
+	if s.execution == 0 {
+		return fmt.Errorf("recovery store %s: Commit of epoch %d before Begin", s.path, e.Epoch)
+	}
+	if e.Epoch == 0 || e.Epoch > math.MaxInt64 {
+		return fmt.Errorf("%w: recovery store %s: Commit: epoch %d is not in [1, 2^63-1]", ErrEpochOrder, s.path, e.Epoch)
+	}
+	if len(e.Frontiers) != s.workers {
+		return fmt.Errorf("recovery store %s: Commit of epoch %d: %d frontiers for %d workers", s.path, e.Epoch, len(e.Frontiers), s.workers)
+	}
+	for _, sn := range e.Snapshots {
+		if sn.Epoch == 0 || sn.Epoch > e.Epoch {
+			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d",
+				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch)
+		}
+	}
+	steps, err := sortSnapshotsIn(e.Snapshots, &s.scratch)
+	defer s.scratch.release()
+	if err != nil {
+		return fmt.Errorf("recovery store %s: Commit of epoch %d: %w", s.path, e.Epoch, err)
+	}
+
+	fail := func(err error) error {
+		return s.opError(fmt.Sprintf("Commit of epoch %d", e.Epoch), err)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fail(err)
+	}
+	defer tx.Rollback()
+	committed, err := committedEpoch(ctx, tx)
+	if err != nil {
+		return fail(err)
+	}
+	if e.Epoch <= committed {
+		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: epoch %d is already committed", ErrEpochOrder, s.path, e.Epoch, committed)
+	}
+	for _, sn := range e.Snapshots {
+		if sn.Epoch <= committed {
+			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d, at or before the committed epoch %d",
+				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch, committed)
+		}
+	}
+	now := s.now()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO commits (epoch, execution, committed_at) VALUES (?, ?, ?)`,
+		int64(e.Epoch), s.execution, now.UnixNano()); err != nil {
+		return fail(err)
+	}
+	horizon, err := s.advanceHorizon(ctx, tx, now)
+	if err != nil {
+		return fail(err)
+	}
+	if len(steps) > 0 {
+		if err := s.writeRuns(ctx, tx, e.Epoch, horizon, steps); err != nil {
+			return fail(err)
+		}
+	}
+	for w, f := range e.Frontiers {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO frontiers (execution, worker, frontier) VALUES (?, ?, ?)
+			ON CONFLICT (execution, worker) DO UPDATE SET frontier = excluded.frontier`,
+			s.execution, w, int64(f)); err != nil {
+			return fail(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// stepEntries are the snapshots of one step of a commit, as entries in run order.
+type stepEntries struct {
+	step    string
+	entries []item
+}
+
+// sortScratch is the memory sortSnapshots works in, kept by a store from one commit to the
+// next: with a million snapshots a commit, allocating it anew each time (some 100 bytes a
+// snapshot) made the garbage collector run about once a commit, rescanning the whole heap.
+type sortScratch struct {
+	keys, tmp []sortKey // sortStep's radix sort (no pointers)
+	idx       []int32   // the first step's snapshot indexes
+	items     []item    // the entries of every step; cleared by release
+	used      int       // how many of items the last sort filled
+}
+
+// grow returns s with length n, reusing its array if it is big enough.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// release drops the references the entries hold (keys and states of the commit), keeping the
+// memory for the next commit.
+func (sc *sortScratch) release() {
+	if sc != nil {
+		clear(sc.items[:sc.used])
+		sc.used = 0
+	}
+}
+
+// sortSnapshots groups snaps by step (ascending) and sorts each step's into run order. A
+// (step, key, epoch) that appears twice is an error.
+func sortSnapshots(snaps []Snapshot) ([]stepEntries, error) {
+	return sortSnapshotsIn(snaps, nil)
+}
+
+// sortSnapshotsIn is sortSnapshots working in sc (nil for fresh memory); the entries it
+// returns are sc's until sc.release.
+func sortSnapshotsIn(snaps []Snapshot, sc *sortScratch) ([]stepEntries, error) {
+	if len(snaps) == 0 {
+		return nil, nil
+	}
+	if sc == nil {
+		sc = &sortScratch{}
+	}
+	sc.items = grow(sc.items, len(snaps))
+	sc.used = len(snaps)
+	index := map[string]int{}
+	var steps []string
+	var of [][]int32 // per step, its snapshots' indexes
+	for i := range snaps {
+		j, ok := index[snaps[i].Step]
+		if !ok {
+			j = len(steps)
+			index[snaps[i].Step] = j
+			steps = append(steps, snaps[i].Step)
+			var idx []int32
+			if j == 0 {
+				idx = grow(sc.idx, len(snaps))[:0] // the common case: one step
+				sc.idx = idx
+			}
+			of = append(of, idx)
+		}
+		of[j] = append(of[j], int32(i))
+	}
+	out := make([]stepEntries, len(steps))
+	items := sc.items
+	for j, step := range steps {
+		es, err := sortStep(snaps, of[j], sc, items[:len(of[j]):len(of[j])])
+		if err != nil {
+			return nil, err
+		}
+		items = items[len(of[j]):]
+		out[j] = stepEntries{step, es}
+	}
+	slices.SortFunc(out, func(a, b stepEntries) int { return strings.Compare(a.step, b.step) })
+	return out, nil
+}
+
+// sortKey is what sortStep sorts: the first sixteen bytes of a snapshot's key, big-endian
+// (so that comparing them compares those bytes; a shorter key is padded with zeros), and the
+// snapshot's index. Most keys differ in them; equal ones compare the keys.
+type sortKey struct {
+	hi, lo uint64
+	i      int32
+}
+
+// radixSort sorts keys by (hi, lo), a byte at a time from the least significant (stable; a
+// byte that all keys share, such as those of a common prefix, costs one counting pass),
+// using tmp (as long as keys) as scratch. It returns the sorted slice: keys or tmp.
+func radixSort(keys, tmp []sortKey) []sortKey {
+	for pass := range 16 {
+		shift := uint(pass%8) * 8
+		word := func(k *sortKey) uint64 {
+			if pass < 8 {
+				return k.lo
+			}
+			return k.hi
+		}
+		var count [256]int
+		for j := range keys {
+			count[byte(word(&keys[j])>>shift)]++
+		}
+		if count[byte(word(&keys[0])>>shift)] == len(keys) {
+			continue
+		}
+		pos := 0
+		for b, c := range count {
+			count[b] = pos
+			pos += c
+		}
+		for j := range keys {
+			b := byte(word(&keys[j]) >> shift)
+			tmp[count[b]] = keys[j]
+			count[b]++
+		}
+		keys, tmp = tmp, keys
+	}
+	return keys
+}
+
+// sortStep returns the snapshots idx of snaps (of one step) as entries in run order, in es
+// (as long as idx), sorting in sc.
+func sortStep(snaps []Snapshot, idx []int32, sc *sortScratch, es []item) ([]item, error) {
+	sc.keys, sc.tmp = grow(sc.keys, len(idx)), grow(sc.tmp, len(idx))
+	keys := sc.keys
+	for j, i := range idx {
+		k := snaps[i].Key
+		var w [16]byte
+		copy(w[:], k)
+		keys[j] = sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), i}
+	}
+	keys = radixSort(keys, sc.tmp)
+	// Keys with the same sixteen first bytes are ordered by the whole key, then the epoch.
+	for lo := 0; lo < len(keys); {
+		hi := lo + 1
+		for hi < len(keys) && keys[hi].hi == keys[lo].hi && keys[hi].lo == keys[lo].lo {
+			hi++
+		}
+		if hi-lo > 1 {
+			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
+				x, y := &snaps[a.i], &snaps[b.i]
+				if c := strings.Compare(x.Key, y.Key); c != 0 {
+					return c
+				}
+				switch {
+				case x.Epoch < y.Epoch:
+					return -1
+				case x.Epoch > y.Epoch:
+					return 1
+				}
+				return 0
+			})
+		}
+		lo = hi
+	}
+	for j, k := range keys {
+		sn := &snaps[k.i]
+		e := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
+		if !sn.Deleted {
+			e.state = sn.State
+			if e.state == nil {
+				e.state = []byte{}
+			}
+		}
+		// Keys whose first sixteen bytes differ differ: most neighbours are told apart
+		// without comparing the keys.
+		if j > 0 && k.hi == keys[j-1].hi && k.lo == keys[j-1].lo && e.key == es[j-1].key {
+			if e.epoch == es[j-1].epoch {
+				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", sn.Step, e.key, e.epoch)
+			}
+			e.same = true
+		}
+		es[j] = e
+	}
+	return es, nil
+}
+
+// advanceHorizon computes the garbage collection horizon at commit time now, inside the
+// commit's transaction (its commit already inserted): the newest epoch committed at or before
+// now-BackupInterval, or the store's previous horizon if that is newer (the window may have
+// grown since). Every snapshot epoch at or before it was committed at least the window ago.
+// It records the horizon (meta gc_horizon) and deletes the commits before it, which no later
+// horizon needs.
+func (s *SQLiteStore) advanceHorizon(ctx context.Context, tx *sql.Tx, now time.Time) (uint64, error) {
+	cutoff := now.Add(-s.backup).UnixNano()
+	var horizon sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT MAX(epoch) FROM commits WHERE committed_at <= ?`, cutoff).Scan(&horizon); err != nil {
+		return 0, err
+	}
+	var done int64
+	if err := tx.QueryRowContext(ctx, `SELECT value FROM meta WHERE name = 'gc_horizon'`).Scan(&done); err != nil {
+		return 0, err
+	}
+	if horizon.Int64 <= done {
+		return uint64(done), nil
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM commits WHERE epoch < ?`, horizon.Int64); err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE name = 'gc_horizon'`, horizon.Int64); err != nil {
+		return 0, err
+	}
+	return uint64(horizon.Int64), nil
+}
+
+// writeRuns writes, inside the commit's transaction, a run per step of steps and compacts the
+// step's runs, keeping step_sums equal to the sums of each step's runs. It first checks that
+// they are (else the step's runs were changed behind the store's back: ErrDamaged).
+func (s *SQLiteStore) writeRuns(ctx context.Context, tx *sql.Tx, epoch, horizon uint64, steps []stepEntries) error {
+	st, err := prepare(ctx, tx)
+	if err != nil {
+		return err
+	}
+	defer st.close()
+	var id int64
+	if err := tx.QueryRowContext(ctx, `SELECT IFNULL(MAX(id), 0) FROM runs`).Scan(&id); err != nil {
+		return err
+	}
+	next := func() int64 { id++; return id }
+	for _, se := range steps {
+		runs, err := readRuns(ctx, tx, se.step)
+		if err != nil {
+			return fmt.Errorf("step %q: reading its runs: %w", se.step, err)
+		}
+		recorded, last, err := readStepSum(ctx, tx, se.step)
+		if err != nil {
+			return fmt.Errorf("step %q: reading its sums: %w", se.step, err)
+		}
+		if found := totals(runs); found != recorded {
+			return stepDamaged(s.path, se.step, last, recorded, found)
+		}
+		// The commit's own snapshots of a key that a newer one of it supersedes, once the
+		// horizon passes that one (always so without a backup window), are not written;
+		// nor its tombstones at or before the horizon if the step has no older runs. If the
+		// run they make would start a merge of all the step's runs, they go into that merge
+		// instead of being written as a run and read back.
+		es, prefix := se.entries, len(runs) == 0
+		sizes := make([]int64, len(runs), len(runs)+1)
+		for i, r := range runs {
+			sizes[i] = r.bytes
+		}
+		if len(runs) > 0 && plan(append(sizes, encodedSize(es, horizon, prefix))) == 0 {
+			merged, ok, err := s.mergeWith(ctx, tx, st, runs, es, horizon, true, next())
+			if err != nil {
+				return fmt.Errorf("step %q: compaction of %d runs and the commit's snapshots: %w", se.step, len(runs), err)
+			}
+			runs = runs[:0]
+			if ok {
+				runs = append(runs, merged)
+			}
+		} else {
+			w := newRunWriter(ctx, tx, st.insert, se.step, next())
+			err := eachKept(es, horizon, prefix, w.add)
+			if err != nil {
+				return err
+			}
+			r, ok, err := w.finish()
+			if err != nil {
+				return err
+			}
+			if ok {
+				runs = append(runs, r)
+				if runs, err = s.compact(ctx, tx, st, runs, horizon, next); err != nil {
+					return fmt.Errorf("step %q: %w", se.step, err)
+				}
+			}
+		}
+		if err := writeStepSum(ctx, tx, se.step, epoch, totals(runs)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eachKept calls fn with what collectGroup keeps of each key's entries of es (in run order,
+// as sortStep returns them: grouped by item.same).
+func eachKept(es []item, horizon uint64, prefix bool, fn func(*item) error) error {
+	for i := 0; i < len(es); {
+		j := i + 1
+		for j < len(es) && es[j].same {
+			j++
+		}
+		kept := collectGroup(es[i:j], horizon, prefix)
+		for k := range kept {
+			if err := fn(&kept[k]); err != nil {
+				return err
+			}
+		}
+		i = j
+	}
+	return nil
+}
+
+// encodedSize returns about how many bytes the run of what eachKept keeps of es takes (the
+// entries' encoding, as if in one chunk), without reading the states.
+func encodedSize(es []item, horizon uint64, prefix bool) int64 {
+	var n int64
+	prev := ""
+	eachKept(es, horizon, prefix, func(e *item) error {
+		shared, m := 0, min(len(prev), len(e.key))
+		for shared < m && prev[shared] == e.key[shared] {
+			shared++
+		}
+		n += int64(uvarintLen(uint64(shared)) + uvarintLen(uint64(len(e.key)-shared)) + len(e.key) - shared + uvarintLen(e.epoch))
+		if e.dead {
+			n++
+		} else {
+			n += int64(uvarintLen(uint64(len(e.state))+1) + len(e.state))
+		}
+		prev = e.key
+		return nil
+	})
+	return n
+}
+
+// uvarintLen is the length of binary.AppendUvarint(nil, x).
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}
+
+// writeStepSum records t as the sums of step, changed by the commit of epoch.
+func writeStepSum(ctx context.Context, tx *sql.Tx, step string, epoch uint64, t stepSum) error {
+	var err error
+	if t.rows == 0 {
+		_, err = tx.ExecContext(ctx, `DELETE FROM step_sums WHERE step = ?`, step)
+	} else {
+		_, err = tx.ExecContext(ctx, `INSERT INTO step_sums (step, rows, sum, epoch) VALUES (?1, ?2, ?3, ?4)
+			ON CONFLICT (step) DO UPDATE SET rows = ?2, sum = ?3, epoch = ?4`, step, t.rows, int64(t.sum), int64(epoch))
+	}
+	if err != nil {
+		return fmt.Errorf("step %q: writing its sums: %w", step, err)
+	}
+	return nil
+}
