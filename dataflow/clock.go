@@ -203,12 +203,17 @@ type clockNode[V any] struct {
 	// are no origins.
 	parts []partClock
 	sent  int64 // last watermark sent in a mark or stamped on an item
-	idle  bool  // an idle mark was sent, and no item came since
-	ended bool
+	// marked is the last watermark sent in a mark, to every worker. An item's stamp reaches
+	// only the worker of its key, so a watermark that has only been stamped is still marked at
+	// the end of the batch: else the other workers would take it in a later epoch, each
+	// worker's snapshot would hold another watermark, and windows would close late.
+	marked int64
+	idle   bool // an idle mark was sent, and no item came since
+	ended  bool
 }
 
 func newClockNode[V any](env *engine.Env, clock Clock[V]) *clockNode[V] {
-	n := &clockNode[V]{env: env, clock: clock, sent: minTime}
+	n := &clockNode[V]{env: env, clock: clock, sent: minTime, marked: minTime}
 	if clock.Timestamp == nil {
 		return n
 	}
@@ -300,9 +305,9 @@ func (n *clockNode[V]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 			n.sent = wm
 			p.max = max(p.max, ts)
 		}
-		if wm := n.wm(); wm > n.sent {
+		if wm := n.wm(); wm > n.marked {
 			out = append(out, stamped[V]{kind: envMark, wm: wm, from: from})
-			n.sent = wm
+			n.sent, n.marked = wm, wm
 		}
 	}
 	if err := n.env.Emit(0, epoch, out); err != nil {
@@ -347,8 +352,8 @@ func (n *clockNode[V]) OnTime(now time.Time, epoch uint64) error {
 		n.idle = true
 		return n.env.Emit(0, epoch, []stamped[V]{{kind: envIdle, from: from}})
 	}
-	if wm := n.wm(); wm > n.sent {
-		n.sent = wm
+	if wm := n.wm(); wm > n.marked {
+		n.sent, n.marked = wm, wm
 		return n.env.Emit(0, epoch, []stamped[V]{{kind: envMark, wm: wm, from: from}})
 	}
 	return nil
@@ -357,7 +362,7 @@ func (n *clockNode[V]) OnTime(now time.Time, epoch uint64) error {
 // OnEOF sends the end of time: this worker holds no window open any more.
 func (n *clockNode[V]) OnEOF(epoch uint64) error {
 	n.ended = true
-	n.sent = maxTime
+	n.sent, n.marked = maxTime, maxTime
 	return n.env.Emit(0, epoch, []stamped[V]{{kind: envMark, wm: maxTime, from: int32(n.env.Worker)}})
 }
 

@@ -232,3 +232,65 @@ func TestIdlePartitionStopsHoldingTheWatermark(t *testing.T) {
 		})
 	}
 }
+
+// An item's stamp reaches only the worker of its key, so a watermark that only a stamp carried
+// must still be marked to every worker at the end of its batch. Two workers, one partition:
+// key b (on one worker) asks to wake at 50; the next batch holds a@100 then a@90, whose stamp
+// carries the watermark 100 to a's worker only, and the batch after waits until b has woken.
+// b must wake from that batch's end, not from a later batch (without the mark it would wait
+// forever, and a snapshot taken meanwhile would hold two watermarks).
+func TestStampedWatermarkIsMarkedToEveryWorker(t *testing.T) {
+	keyOn := func(w int) string {
+		for i := 0; ; i++ {
+			if k := fmt.Sprint("k", i); dataflow.WorkerForKey(k, 2) == w {
+				return k
+			}
+		}
+	}
+	a, b := keyOn(0), keyOn(1)
+	release := make(chan struct{})
+	part := &listPart{name: "p", batches: [][]int64{{0}, {100, 90}, {200}}, hold: 2, release: release}
+	src := scriptedSource{names: []string{"p"}, parts: map[string]dataflow.StatefulSource[stamp, int]{"p": part}}
+	f := dataflow.New("wm")
+	in := dataflow.Input(f, "in", dataflow.FromPartitioned[stamp, int](src))
+	keyed := dataflow.Transform("key", in, func(batch []stamp) ([]dataflow.KV[stamp], error) {
+		out := make([]dataflow.KV[stamp], len(batch))
+		for i, s := range batch {
+			k := a
+			if s.T == 0 {
+				k = b
+			}
+			out[i] = dataflow.KV[stamp]{Key: k, Value: s}
+		}
+		return out, nil
+	})
+	clock := dataflow.EventClock(func(s stamp) time.Time { return time.UnixMilli(s.T) }, 0)
+	var once sync.Once
+	woke := make(chan int64, 4)
+	out := dataflow.StatefulTime("time", keyed, clock, dataflow.TimedLogic[stamp, bool, string]{
+		OnItem: func(string, *bool, bool, stamp, time.Time, time.Time, *dataflow.Emitter[string]) (bool, error) {
+			return true, nil
+		},
+		WakeAt: func(key string, done *bool) time.Time {
+			if key != b || *done {
+				return time.Time{}
+			}
+			return time.UnixMilli(50)
+		},
+		OnWatermark: func(_ string, done *bool, wm time.Time, _ *dataflow.Emitter[string]) (bool, error) {
+			*done = true
+			woke <- wm.UnixMilli()
+			once.Do(func() { close(release) })
+			return true, nil
+		},
+	})
+	dataflow.Output("out", out, dataflow.ToDynamic[dataflow.KV[string]](&discard[dataflow.KV[string]]{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := dataflow.Run(ctx, f, dataflow.Options{Workers: 2, EpochInterval: 5 * time.Millisecond}); err != nil {
+		t.Fatalf("Run: %v (b never woke while the source held its last batch: the watermark 100 did not reach b's worker)", err)
+	}
+	if wm := <-woke; wm != 100 {
+		t.Errorf("b woke at the watermark %d, want 100 (the end of the second batch)", wm)
+	}
+}

@@ -281,7 +281,7 @@ func TestSessionMergesMatchModel(t *testing.T) {
 			time.Duration(rapid.IntRange(1, 5).Draw(t, "interval_ms"))*time.Millisecond, &merged)
 		m := modelOrdered(s, events)
 		if d := diffOrdered(got, m); d != "" {
-			t.Fatalf("output differs from the model (%+v):\n%s", s, d)
+			t.Fatalf("output differs from the model (%+v):\n%s\nEVENTS %v\nCUTS %v ABORTS %v\nGOT %v", s, d, events, cuts, aborts, got)
 		}
 		if m.merges < bridges || merged.Load() == 0 {
 			t.Fatalf("%d bridges, but the model merged %d times and the step called Merge %d times", bridges, m.merges, merged.Load())

@@ -261,10 +261,13 @@ func TestBrokerRestartedTwice(t *testing.T) {
 
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.txt")
-	// A small prefetch per commit keeps the copy running long enough for two restarts.
+	// A small prefetch per commit keeps the copy running long enough for two restarts: at
+	// most 200 messages per 100 ms epoch, so 50,000 take at least 25 s, while rabbitmqctl
+	// may take 10 s to stop the node on a loaded machine (CI saw the whole copy done before
+	// a stop took effect with -prefetch 500).
 	const reconnectMax = time.Second
 	cmd := flowCommand(bin, "-url", url, "-queue", q, "-output", out, "-recovery", filepath.Join(dir, "store"),
-		"-epoch-interval", "100ms", "-prefetch", "500", "-idle-exit", "3s", "-log-level", "info",
+		"-epoch-interval", "100ms", "-prefetch", "200", "-idle-exit", "3s", "-log-level", "info",
 		"-reconnect-min", "50ms", "-reconnect-max", reconnectMax.String())
 	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -287,7 +290,9 @@ func TestBrokerRestartedTwice(t *testing.T) {
 
 	start = time.Now()
 	for restart := range 2 {
-		at := lineCount(out) + 8000
+		// 4,000 lines into the copy, or a third of what is left if that is less.
+		lines := lineCount(out)
+		at := lines + min(4000, (n-lines)/3)
 		waitUntil(t, 2*time.Minute, done, fmt.Sprintf("%d lines before restart %d", at, restart+1), func() bool { return lineCount(out) >= at })
 		before := reconnects()
 		node.ctl(t, "stop_app")
@@ -299,6 +304,9 @@ func TestBrokerRestartedTwice(t *testing.T) {
 		}
 		if ready, _ := queueCountsIfUp(node, q); ready >= 0 {
 			t.Fatal("the node answers AMQP after stop_app")
+		}
+		if lines := lineCount(out); lines >= n {
+			t.Fatalf("restart %d: the copy had ended (%d lines) before the broker stopped: it tests no restart", restart+1, lines)
 		}
 		node.ctl(t, "start_app")
 		back := time.Now()
