@@ -27,10 +27,10 @@ type slowStore struct {
 
 func (s *slowStore) Commit(ctx context.Context, e recovery.Epoch) error {
 	time.Sleep(s.delay)
-	seen := make(map[[2]string]uint64, len(e.Snapshots))
+	seen := make(map[[2]string]uint64, e.Len())
 	epochs := map[uint64]bool{}
 	s.mu.Lock()
-	for _, sn := range e.Snapshots {
+	for sn := range e.All() {
 		k := [2]string{sn.Step, sn.Key}
 		if prev, ok := seen[k]; ok && s.twice == "" {
 			s.twice = fmt.Sprintf("commit of epoch %d: step %q key %q at epochs %d and %d", e.Epoch, sn.Step, sn.Key, prev, sn.Epoch)

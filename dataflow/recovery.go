@@ -14,9 +14,9 @@ import (
 type storeAdapter struct{ store recovery.Store }
 
 // The engine's snapshots are recovery.Snapshot values (engine.Snapshot is an alias): they are
-// handed to the store as they are, without a copy.
-func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint64, snaps []engine.Snapshot) error {
-	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Snapshots: snaps})
+// handed to the store as they are, each worker's slice a piece, without a copy.
+func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint64, pieces [][]engine.Snapshot, release func()) error {
+	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Parts: pieces, Release: release})
 }
 
 // resume checks that store can serve this flow, records the new execution and loads the state

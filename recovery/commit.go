@@ -30,16 +30,33 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 	if len(e.Frontiers) != s.workers {
 		return fmt.Errorf("recovery store %s: Commit of epoch %d: %d frontiers for %d workers", s.path, e.Epoch, len(e.Frontiers), s.workers)
 	}
-	for _, sn := range e.Snapshots {
+	// The oldest snapshot, checked against the committed epoch once the transaction has read it.
+	var oldest *Snapshot
+	for sn := range e.All() {
 		if sn.Epoch == 0 || sn.Epoch > e.Epoch {
 			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d",
 				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch)
 		}
+		if oldest == nil || sn.Epoch < oldest.Epoch {
+			oldest = sn
+		}
 	}
-	steps, err := sortSnapshotsIn(e.Snapshots, &s.scratch)
+	var first Snapshot // what the error below names, as the snapshots are released
+	if oldest != nil {
+		first = *oldest
+	}
+	pieces := e.Parts
+	if len(e.Snapshots) > 0 {
+		pieces = append([][]Snapshot{e.Snapshots}, e.Parts...)
+	}
+	steps, err := sortSnapshotsIn(pieces, &s.scratch)
 	defer s.scratch.release()
 	if err != nil {
 		return fmt.Errorf("recovery store %s: Commit of epoch %d: %w", s.path, e.Epoch, err)
+	}
+	// The entries hold what the commit writes: the snapshots' memory can be reused.
+	if e.Release != nil {
+		e.Release()
 	}
 
 	fail := func(err error) error {
@@ -57,11 +74,9 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 	if e.Epoch <= committed {
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: epoch %d is already committed", ErrEpochOrder, s.path, e.Epoch, committed)
 	}
-	for _, sn := range e.Snapshots {
-		if sn.Epoch <= committed {
-			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d, at or before the committed epoch %d",
-				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch, committed)
-		}
+	if oldest != nil && first.Epoch <= committed {
+		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d, at or before the committed epoch %d",
+			ErrEpochOrder, s.path, e.Epoch, first.Step, first.Key, first.Epoch, committed)
 	}
 	now := s.now()
 	if _, err := tx.ExecContext(ctx, `INSERT INTO commits (epoch, execution, committed_at) VALUES (?, ?, ?)`,
@@ -101,7 +116,7 @@ type stepEntries struct {
 // snapshot) made the garbage collector run about once a commit, rescanning the whole heap.
 type sortScratch struct {
 	keys, tmp []sortKey // sortStep's radix sort (no pointers)
-	idx       []int32   // the first step's snapshot indexes
+	idx       []ref     // the first step's snapshots
 	items     []item    // the entries of every step; cleared by release
 	used      int       // how many of items the last sort filled
 }
@@ -126,42 +141,62 @@ func (sc *sortScratch) release() {
 // sortSnapshots groups snaps by step (ascending) and sorts each step's into run order. A
 // (step, key, epoch) that appears twice is an error.
 func sortSnapshots(snaps []Snapshot) ([]stepEntries, error) {
-	return sortSnapshotsIn(snaps, nil)
+	return sortSnapshotsIn([][]Snapshot{snaps}, nil)
 }
 
-// sortSnapshotsIn is sortSnapshots working in sc (nil for fresh memory); the entries it
-// returns are sc's until sc.release.
-func sortSnapshotsIn(snaps []Snapshot, sc *sortScratch) ([]stepEntries, error) {
-	if len(snaps) == 0 {
+// ref is where a snapshot is in the pieces of a commit.
+type ref struct{ p, i int32 }
+
+// sortSnapshotsIn is sortSnapshots over the snapshots of every piece, working in sc (nil for
+// fresh memory); the entries it returns are sc's until sc.release, and read nothing of the
+// pieces' Snapshot values but the keys' strings and the states' bytes.
+func sortSnapshotsIn(pieces [][]Snapshot, sc *sortScratch) ([]stepEntries, error) {
+	n := 0
+	for _, p := range pieces {
+		n += len(p)
+	}
+	if n == 0 {
 		return nil, nil
+	}
+	if len(pieces) > math.MaxInt32 || n > math.MaxInt32 {
+		return nil, fmt.Errorf("%d snapshots in %d pieces: more than a commit can hold", n, len(pieces))
 	}
 	if sc == nil {
 		sc = &sortScratch{}
 	}
-	sc.items = grow(sc.items, len(snaps))
-	sc.used = len(snaps)
+	sc.items = grow(sc.items, n)
+	sc.used = n
 	index := map[string]int{}
 	var steps []string
-	var of [][]int32 // per step, its snapshots' indexes
-	for i := range snaps {
-		j, ok := index[snaps[i].Step]
-		if !ok {
-			j = len(steps)
-			index[snaps[i].Step] = j
-			steps = append(steps, snaps[i].Step)
-			var idx []int32
-			if j == 0 {
-				idx = grow(sc.idx, len(snaps))[:0] // the common case: one step
-				sc.idx = idx
+	var of [][]ref // per step, its snapshots' places
+	last := -1
+	for p, piece := range pieces {
+		for i := range piece {
+			step := piece[i].Step
+			j := last
+			if j < 0 || steps[j] != step {
+				var ok bool
+				j, ok = index[step]
+				if !ok {
+					j = len(steps)
+					index[step] = j
+					steps = append(steps, step)
+					var idx []ref
+					if j == 0 {
+						idx = grow(sc.idx, n)[:0] // the common case: one step
+						sc.idx = idx
+					}
+					of = append(of, idx)
+				}
+				last = j
 			}
-			of = append(of, idx)
+			of[j] = append(of[j], ref{int32(p), int32(i)})
 		}
-		of[j] = append(of[j], int32(i))
 	}
 	out := make([]stepEntries, len(steps))
 	items := sc.items
 	for j, step := range steps {
-		es, err := sortStep(snaps, of[j], sc, items[:len(of[j]):len(of[j])])
+		es, err := sortStep(pieces, of[j], sc, items[:len(of[j]):len(of[j])])
 		if err != nil {
 			return nil, err
 		}
@@ -177,7 +212,7 @@ func sortSnapshotsIn(snaps []Snapshot, sc *sortScratch) ([]stepEntries, error) {
 // snapshot's index. Most keys differ in them; equal ones compare the keys.
 type sortKey struct {
 	hi, lo uint64
-	i      int32
+	r      ref
 }
 
 // radixSort sorts keys by (hi, lo), a byte at a time from the least significant (stable; a
@@ -216,14 +251,15 @@ func radixSort(keys, tmp []sortKey) []sortKey {
 
 // sortStep returns the snapshots idx of snaps (of one step) as entries in run order, in es
 // (as long as idx), sorting in sc.
-func sortStep(snaps []Snapshot, idx []int32, sc *sortScratch, es []item) ([]item, error) {
+func sortStep(pieces [][]Snapshot, idx []ref, sc *sortScratch, es []item) ([]item, error) {
 	sc.keys, sc.tmp = grow(sc.keys, len(idx)), grow(sc.tmp, len(idx))
 	keys := sc.keys
-	for j, i := range idx {
-		k := snaps[i].Key
+	at := func(r ref) *Snapshot { return &pieces[r.p][r.i] }
+	for j, r := range idx {
+		k := at(r).Key
 		var w [16]byte
 		copy(w[:], k)
-		keys[j] = sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), i}
+		keys[j] = sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), r}
 	}
 	keys = radixSort(keys, sc.tmp)
 	// Keys with the same sixteen first bytes are ordered by the whole key, then the epoch.
@@ -234,7 +270,7 @@ func sortStep(snaps []Snapshot, idx []int32, sc *sortScratch, es []item) ([]item
 		}
 		if hi-lo > 1 {
 			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
-				x, y := &snaps[a.i], &snaps[b.i]
+				x, y := at(a.r), at(b.r)
 				if c := strings.Compare(x.Key, y.Key); c != 0 {
 					return c
 				}
@@ -250,7 +286,7 @@ func sortStep(snaps []Snapshot, idx []int32, sc *sortScratch, es []item) ([]item
 		lo = hi
 	}
 	for j, k := range keys {
-		sn := &snaps[k.i]
+		sn := at(k.r)
 		e := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
 		if !sn.Deleted {
 			e.state = sn.State

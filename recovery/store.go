@@ -50,6 +50,7 @@ package recovery
 import (
 	"context"
 	"errors"
+	"iter"
 	"time"
 )
 
@@ -195,6 +196,44 @@ type Epoch struct {
 	Epoch     uint64     // the epoch being committed; greater than the committed epoch
 	Frontiers []uint64   // per worker of the current execution, indexed by worker
 	Snapshots []Snapshot // the state snapshots to keep, each of an epoch <= Epoch
+	// Parts holds more snapshots of the commit, in pieces: the engine hands over each
+	// worker's slice as the worker filled it, without copying them into one. The commit's
+	// snapshots are those of Snapshots and of every piece (All visits them).
+	Parts [][]Snapshot
+	// Release, if not nil, tells the caller that the store no longer reads the Snapshot
+	// values of Snapshots and Parts, so that their memory can be reused for the next epoch
+	// while the store still writes: a store may call it once it has taken what it needs
+	// (it may keep using the keys' strings and the states' bytes, which are not reused, until
+	// Commit returns), and at most once. A store that never calls it is correct too: the
+	// caller reuses the slices once Commit has returned.
+	Release func()
+}
+
+// All visits every snapshot of the commit: those of Snapshots, then those of each of Parts.
+func (e *Epoch) All() iter.Seq[*Snapshot] {
+	return func(yield func(*Snapshot) bool) {
+		for i := range e.Snapshots {
+			if !yield(&e.Snapshots[i]) {
+				return
+			}
+		}
+		for _, p := range e.Parts {
+			for i := range p {
+				if !yield(&p[i]) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// Len is the number of snapshots of the commit (of Snapshots and of every piece of Parts).
+func (e *Epoch) Len() int {
+	n := len(e.Snapshots)
+	for _, p := range e.Parts {
+		n += len(p)
+	}
+	return n
 }
 
 // Snapshot is the state of one key of one step at the end of an epoch, or its deletion.

@@ -76,45 +76,59 @@ func newestOnly(snaps []Snapshot) []Snapshot {
 }
 
 // takeUpTo splits the chunks of snapshots the workers reported into those of epochs <= epoch,
-// as one slice, and the chunks of the rest. A chunk that is taken whole is not copied when it
-// is all that is taken; otherwise the taken snapshots are copied once into a slice of the
-// right size (appending them one by one to a growing slice cost a fifth of the writer's time
-// with a million keys), and spent returns the chunks, whose snapshots are all copied (into
-// taken or rest): the caller may reuse them.
-func takeUpTo(chunks [][]Snapshot, epoch uint64) (taken []Snapshot, spent, rest [][]Snapshot) {
-	n, whole := 0, -1
-	for i, ch := range chunks {
+// taken, and the rest. A chunk all of whose snapshots are taken is taken as it is, without a
+// copy (the store reads the chunks as pieces of one commit); a chunk that holds both is split
+// into two fresh slices, and returned in spent: its snapshots are all copied, so the caller
+// may reuse it at once.
+func takeUpTo(chunks [][]Snapshot, epoch uint64) (taken, spent, rest [][]Snapshot) {
+	for _, ch := range chunks {
 		k := 0
 		for j := range ch {
 			if ch[j].Epoch <= epoch {
 				k++
 			}
 		}
-		if k == len(ch) && k > 0 {
-			whole = i
-		}
-		n += k
-	}
-	if n == 0 {
-		return nil, nil, chunks
-	}
-	if whole >= 0 && len(chunks[whole]) == n {
-		rest = append(chunks[:whole:whole], chunks[whole+1:]...)
-		return chunks[whole], nil, rest
-	}
-	taken = make([]Snapshot, 0, n)
-	for _, ch := range chunks {
-		var keep []Snapshot
-		for j := range ch {
-			if ch[j].Epoch <= epoch {
-				taken = append(taken, ch[j])
-			} else {
-				keep = append(keep, ch[j])
+		switch k {
+		case 0:
+			rest = append(rest, ch)
+		case len(ch):
+			taken = append(taken, ch)
+		default:
+			in, out := make([]Snapshot, 0, k), make([]Snapshot, 0, len(ch)-k)
+			for j := range ch {
+				if ch[j].Epoch <= epoch {
+					in = append(in, ch[j])
+				} else {
+					out = append(out, ch[j])
+				}
 			}
-		}
-		if len(keep) > 0 {
-			rest = append(rest, keep)
+			taken, rest, spent = append(taken, in), append(rest, out), append(spent, ch)
 		}
 	}
-	return taken, chunks, rest
+	return taken, spent, rest
+}
+
+// coalesce returns pieces as they are when all their snapshots are of one epoch; else (the
+// writer fell behind and one commit covers several epochs) it copies them into one slice and
+// keeps only the newest snapshot of each (step, key) (see newestOnly), and the pieces are
+// spent: the caller may reuse them at once.
+func coalesce(pieces [][]Snapshot) (out, spent [][]Snapshot) {
+	first, several, n := uint64(0), false, 0
+	for _, p := range pieces {
+		for j := range p {
+			if n == 0 && j == 0 {
+				first = p[0].Epoch
+			}
+			several = several || p[j].Epoch != first
+		}
+		n += len(p)
+	}
+	if !several {
+		return pieces, nil
+	}
+	all := make([]Snapshot, 0, n)
+	for _, p := range pieces {
+		all = append(all, p...)
+	}
+	return [][]Snapshot{newestOnly(all)}, pieces
 }

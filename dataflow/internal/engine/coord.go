@@ -32,7 +32,7 @@ type coordinator struct {
 	fail      func(error)
 	meter     *Meter // nil without one
 
-	// free holds snapshot slices that workers filled and the writer copied out (cleared): a
+	// free holds snapshot slices that workers filled and the store released (cleared): a
 	// worker's next epoch appends into one (Env.Reserve) instead of allocating it. At most
 	// len(workers) are kept. Guarded by mu.
 	free [][]Snapshot
@@ -102,9 +102,9 @@ func (c *coordinator) publish(epoch uint64, final bool) {
 	}
 }
 
-// recycle puts the slices the workers filled and takeUpTo copied out on the free list, for
-// the workers' next epochs (no allocation and no garbage of a snapshot slice per worker and
-// epoch). The store never sees them: what it gets is takeUpTo's copy.
+// recycle puts the slices the workers filled on the free list once the store is done with
+// them (or they were copied out), for the workers' next epochs (no allocation and no garbage
+// of a snapshot slice per worker and epoch).
 func (c *coordinator) recycle(spent [][]Snapshot) {
 	if len(spent) == 0 {
 		return
@@ -176,10 +176,12 @@ func (c *coordinator) writer() {
 			c.mu.Unlock()
 			continue
 		}
-		var snaps []Snapshot
-		var spent [][]Snapshot
-		snaps, spent, c.pending = takeUpTo(c.pending, epoch)
-		taken := snapshotBytes(snaps)
+		var pieces, spent [][]Snapshot
+		pieces, spent, c.pending = takeUpTo(c.pending, epoch)
+		var taken int64
+		for _, p := range pieces {
+			taken += snapshotBytes(p)
+		}
 		frontiers := append([]uint64(nil), c.frontier...)
 		c.mu.Unlock()
 		c.recycle(spent)
@@ -188,17 +190,26 @@ func (c *coordinator) writer() {
 			if c.hit("before-commit-record") {
 				return
 			}
-			snaps = newestOnly(snaps)
+			pieces, spent = coalesce(pieces)
+			c.recycle(spent)
+			bytes := 0
+			for _, p := range pieces {
+				for i := range p {
+					bytes += len(p[i].Key) + len(p[i].State)
+				}
+			}
+			// The store releases the pieces once it has taken what it writes from them, so
+			// that the workers fill them again for the next epoch while it writes.
+			var once sync.Once
+			release := func() { once.Do(func() { c.recycle(pieces) }) }
 			began := time.Now()
-			if err := c.store.Commit(c.ctx, epoch, frontiers, snaps); err != nil {
+			err := c.store.Commit(c.ctx, epoch, frontiers, pieces, release)
+			release()
+			if err != nil {
 				c.fail(fmt.Errorf("recording epoch %d as committed: %w", epoch, err))
 				return
 			}
 			if c.meter != nil && c.meter.ObserveSnapshot != nil {
-				bytes := 0
-				for _, s := range snaps {
-					bytes += len(s.Key) + len(s.State)
-				}
 				c.meter.ObserveSnapshot(time.Since(began), bytes)
 			}
 			if c.hit("after-commit-record") {

@@ -198,9 +198,11 @@ type Restored struct {
 }
 
 // Store is where committed epochs are recorded. Commit must be durable when it returns: it
-// records every snapshot given and marks epoch as committed, atomically.
+// records every snapshot of every piece and marks epoch as committed, atomically. It may call
+// release (at most once) as soon as it no longer reads the pieces' Snapshot values (it may
+// still use their keys and states until it returns): the pieces are then reused.
 type Store interface {
-	Commit(ctx context.Context, epoch uint64, frontiers []uint64, snaps []Snapshot) error
+	Commit(ctx context.Context, epoch uint64, frontiers []uint64, pieces [][]Snapshot, release func()) error
 }
 
 // Node is the per-worker instance of a step. The worker calls its methods from one goroutine.
