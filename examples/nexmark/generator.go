@@ -33,7 +33,8 @@ type Config struct {
 	ActiveAuctions int64
 	// Partitions is how many source partitions generate the stream (0: one per worker).
 	Partitions int
-	// Batch is how many events a partition generates per read (default 1,024).
+	// Batch is how many events of the stream a read covers (default 1,024): a partition
+	// generates its share of them (one in every Partitions).
 	Batch int
 	// Window is the length of the tumbling windows of q7, q8 and q12 and of the sliding
 	// windows of q5 (default 10 s, as in Flink's Nexmark).
@@ -44,6 +45,9 @@ type Config struct {
 	SessionGap time.Duration
 
 	meter *Meter // counts the events generated, if not nil
+	// hold, if set, is asked before every read with the events the meter counted: while it
+	// returns true the partitions read nothing (tests use it to stop a run partway).
+	hold func(generated int64) bool
 }
 
 // The constants of the Nexmark generator (Flink's NexmarkGenerator and GeneratorConfig).
@@ -320,7 +324,7 @@ func (s source) Build(_ context.Context, part string, resume *int64) (dataflow.S
 		return nil, fmt.Errorf("nexmark: partition %q is not \"INDEX/COUNT\"", part)
 	}
 	s.c.meter.begin()
-	r := &reader{g: NewGenerator(s.c), index: index, stride: stride, batch: s.c.Batch, meter: s.c.meter}
+	r := &reader{g: NewGenerator(s.c), index: index, stride: stride, batch: s.c.Batch, meter: s.c.meter, hold: s.c.hold}
 	if resume != nil {
 		if *resume < 0 {
 			return nil, fmt.Errorf("nexmark: partition %q: resume state %d is negative", part, *resume)
@@ -337,22 +341,28 @@ type reader struct {
 	done          int64 // events generated so far: the next is index + done*stride
 	batch         int
 	meter         *Meter
+	hold          func(int64) bool
 }
 
 // Next generates the partition's next batch, or returns io.EOF after its last event.
 func (r *reader) Next(context.Context) ([]Event, error) {
-	// A new slice every time: the batch is the engine's once returned.
-	buf := make([]Event, 0, r.batch)
-	for len(buf) < r.batch {
-		n := r.index + r.done*r.stride
-		if n >= r.g.c.Events {
-			r.count(len(buf))
-			return buf, io.EOF
-		}
+	if r.hold != nil && r.meter != nil && r.hold(r.meter.Events.Load()) {
+		return nil, nil
+	}
+	// A batch is the partition's events among the next Batch of the stream, so that it spans
+	// the same event time whatever the number of partitions. A new slice every time: the
+	// batch is the engine's once returned.
+	n := r.index + r.done*r.stride
+	limit := min((n/int64(r.batch)+1)*int64(r.batch), r.g.c.Events)
+	buf := make([]Event, 0, (limit-n+r.stride-1)/r.stride)
+	for ; n < limit; n += r.stride {
 		buf = append(buf, r.g.Event(n))
 		r.done++
 	}
 	r.count(len(buf))
+	if n >= r.g.c.Events {
+		return buf, io.EOF
+	}
 	return buf, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -207,16 +208,26 @@ var q4 = define("q4", "average winning bid per category",
 				// auction has not come are dropped once it could not come any more in time
 				// for them.
 				WakeAt: func(_ string, s *q4State) time.Time {
-					switch {
-					case s.Open:
+					if s.Open {
 						return msTime(s.Expires + 1)
-					case len(s.Early) > 0:
-						return msTime(s.Early[len(s.Early)-1].Time + 1)
 					}
-					return time.Time{}
+					var last int64
+					for _, b := range s.Early { // they come in time order from each partition only
+						last = max(last, b.Time)
+					}
+					if len(s.Early) == 0 {
+						return time.Time{}
+					}
+					return msTime(last + 1)
 				},
-				OnWatermark: func(_ string, s *q4State, _ time.Time, out *dataflow.Emitter[q4Closed]) (bool, error) {
-					if s.Open && s.Bids > 0 {
+				OnWatermark: func(_ string, s *q4State, wm time.Time, out *dataflow.Emitter[q4Closed]) (bool, error) {
+					if !s.Open {
+						// An auction that comes now is at wm or later: the bids before wm
+						// cannot be in its lifetime.
+						s.Early = slices.DeleteFunc(s.Early, func(b q4Bid) bool { return msTime(b.Time).Before(wm) })
+						return len(s.Early) > 0, nil
+					}
+					if s.Bids > 0 {
 						out.Emit(q4Closed{s.Category, s.Max})
 					}
 					return false, nil
@@ -353,7 +364,10 @@ type Q8Row struct {
 // q8 is the new users query: the persons who opened an auction in the same tumbling window of
 // Config.Window in which they registered, one row per person (Flink's nexmark SQL: persons
 // and auctions grouped by id and window, joined on id = seller and the window's start). It is
-// a windowed join of persons and auctions by person id.
+// a windowed join of persons and auctions by person id. The join's two sides are split from
+// the same batches of events and merged again, a batch's persons before its auctions, so the
+// merged stream is out of order by up to the event time a batch spans: the join's wait is that
+// span (batchSpan).
 var q8 = define("q8", "new users: persons who opened an auction in their first window",
 	func(in dataflow.Stream[Event], c Config) dataflow.Stream[Q8Row] {
 		persons := operators.FilterMap("q8.persons", in, func(e Event) (Person, bool) {
@@ -372,7 +386,7 @@ var q8 = define("q8", "new users: persons who opened an auction in their first w
 			operators.KeyOn("q8.person-id", persons, func(p Person) string { return key(p.ID) }),
 			operators.KeyOn("q8.seller-id", auctions, func(a Auction) string { return key(a.Seller) }),
 			func(p Person) time.Time { return msTime(p.DateTime) }, func(a Auction) time.Time { return msTime(a.DateTime) },
-			0, windows.Tumbling(c.Window, unixOrigin), windows.JoinComplete)
+			batchSpan(c), windows.Tumbling(c.Window, unixOrigin), windows.JoinComplete)
 		return operators.Map("q8.new-users", joined.Results, func(r windows.Result[[]windows.Pair[Person, Auction]]) Q8Row {
 			p := r.Value[0].Left // JoinComplete: every row has both sides, and one person has one id
 			return Q8Row{p.ID, p.Name, r.Window.Start.UnixMilli()}
@@ -441,4 +455,11 @@ func q12Totals(rows []string) []string {
 		out = append(out, b+"\t"+strconv.Itoa(n))
 	}
 	return out
+}
+
+// batchSpan is the event time that a batch of a partition spans (Config.Batch events of the
+// stream), rounded up: the disorder that splitting a stream into two and merging them again
+// makes.
+func batchSpan(c Config) time.Duration {
+	return time.Duration(int64(c.Batch)*int64(time.Second)/c.Rate) + time.Millisecond
 }
