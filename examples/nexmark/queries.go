@@ -444,8 +444,8 @@ func q12Totals(rows []string) []string {
 	totals := map[string]int{}
 	for _, r := range rows {
 		f := strings.Split(r, "\t")
-		n, err := strconv.Atoi(f[1])
-		if err != nil {
+		n, err := strconv.Atoi(f[min(1, len(f)-1)])
+		if err != nil || len(f) != 3 {
 			n = -1 << 30 // a malformed row spoils its bidder's total, so the comparison fails
 		}
 		totals[f[0]] += n
