@@ -14,7 +14,7 @@ import (
 )
 
 // examples are the example programs, by directory.
-var examples = []string{"amqp-to-file", "clicks", "kafka-copy", "nats-to-file", "pg-cdc", "sqs-to-file", "wordcount"}
+var examples = []string{"amqp-to-file", "clicks", "kafka-copy", "nats-to-file", "nexmark", "pg-cdc", "sqs-to-file", "wordcount"}
 
 // bin is the directory TestMain built every example into.
 var bin string
