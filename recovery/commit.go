@@ -30,20 +30,17 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 	if len(e.Frontiers) != s.workers {
 		return fmt.Errorf("recovery store %s: Commit of epoch %d: %d frontiers for %d workers", s.path, e.Epoch, len(e.Frontiers), s.workers)
 	}
-	// The oldest snapshot, checked against the committed epoch once the transaction has read it.
-	var oldest *Snapshot
+	// The oldest snapshot (epochs start at 1), checked against the committed epoch once the
+	// transaction has read it; a copy, as the snapshots are released before.
+	var oldest Snapshot
 	for sn := range e.All() {
 		if sn.Epoch == 0 || sn.Epoch > e.Epoch {
 			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d",
 				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch)
 		}
-		if oldest == nil || sn.Epoch < oldest.Epoch {
-			oldest = sn
+		if oldest.Epoch == 0 || sn.Epoch < oldest.Epoch {
+			oldest = *sn
 		}
-	}
-	var first Snapshot // what the error below names, as the snapshots are released
-	if oldest != nil {
-		first = *oldest
 	}
 	pieces := e.Parts
 	if len(e.Snapshots) > 0 {
@@ -74,9 +71,9 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 	if e.Epoch <= committed {
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: epoch %d is already committed", ErrEpochOrder, s.path, e.Epoch, committed)
 	}
-	if oldest != nil && first.Epoch <= committed {
+	if oldest.Epoch != 0 && oldest.Epoch <= committed {
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d, at or before the committed epoch %d",
-			ErrEpochOrder, s.path, e.Epoch, first.Step, first.Key, first.Epoch, committed)
+			ErrEpochOrder, s.path, e.Epoch, oldest.Step, oldest.Key, oldest.Epoch, committed)
 	}
 	now := s.now()
 	if _, err := tx.ExecContext(ctx, `INSERT INTO commits (epoch, execution, committed_at) VALUES (?, ?, ?)`,

@@ -192,9 +192,10 @@ func (c *coordinator) writer() {
 			}
 			pieces, spent = coalesce(pieces)
 			c.recycle(spent)
+			observe := c.meter != nil && c.meter.ObserveSnapshot != nil
 			bytes := 0
 			for _, p := range pieces {
-				for i := range p {
+				for i := 0; observe && i < len(p); i++ {
 					bytes += len(p[i].Key) + len(p[i].State)
 				}
 			}
@@ -209,7 +210,7 @@ func (c *coordinator) writer() {
 				c.fail(fmt.Errorf("recording epoch %d as committed: %w", epoch, err))
 				return
 			}
-			if c.meter != nil && c.meter.ObserveSnapshot != nil {
+			if observe {
 				c.meter.ObserveSnapshot(time.Since(began), bytes)
 			}
 			if c.hit("after-commit-record") {
