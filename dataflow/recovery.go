@@ -13,10 +13,10 @@ import (
 // storeAdapter writes the engine's committed epochs to a recovery.Store.
 type storeAdapter struct{ store recovery.Store }
 
-// The engine's snapshots are recovery.Snapshot values (engine.Snapshot is an alias): they are
-// handed to the store as they are, each worker's slice a piece, without a copy.
-func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint64, pieces [][]engine.Snapshot, release func()) error {
-	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Parts: pieces, Release: release})
+// The engine's snapshots are recovery.Pack values (engine.Pack is an alias): they are handed
+// to the store as the workers filled them, without a copy.
+func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint64, packs []*engine.Pack) error {
+	return a.store.Commit(ctx, recovery.Epoch{Epoch: epoch, Frontiers: frontiers, Packs: packs})
 }
 
 // resume checks that store can serve this flow, records the new execution and loads the state

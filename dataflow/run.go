@@ -40,13 +40,14 @@ type Options struct {
 	MaxEpochsInFlight int
 	// MaxSnapshotBytesInFlight bounds the memory held by the snapshots of stateful steps,
 	// sources and sinks that were taken at the end of epochs and are not yet durable in the
-	// Recovery store (each snapshot's key and state, and about 72 bytes of its own): while
+	// Recovery store (each snapshot's key and state, encoded compactly, and 48 bytes for the
+	// store's sort of it): while
 	// they hold more, the sources stop reading (epochs still close), and the commit that
 	// brings them below it lets the sources read again. It is a bound on what is taken once
 	// it is reached, not a hard cap: the snapshots of what had been read before can still
 	// arrive. It also sets how much work the store gets at once: when the store falls
-	// behind, one commit covers every epoch that waits, and only the newest snapshot of each
-	// key is written, so a larger bound means fewer rows written for keys that change in
+	// behind, one commit covers every epoch that waits, and the store keeps only the newest
+	// snapshot of each key, so a larger bound means fewer rows written for keys that change in
 	// every epoch. 0 means DefaultMaxSnapshotBytesInFlight; it must not be negative. It does
 	// nothing without a Recovery store.
 	MaxSnapshotBytesInFlight int64

@@ -3,11 +3,8 @@ package recovery
 import (
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"fmt"
 	"math"
-	"slices"
-	"strings"
 	"time"
 )
 
@@ -42,18 +39,18 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 			oldest = *sn
 		}
 	}
-	pieces := e.Parts
+	packs := e.Packs
 	if len(e.Snapshots) > 0 {
-		pieces = append([][]Snapshot{e.Snapshots}, e.Parts...)
+		p := &s.scratch.own
+		p.Reset()
+		for i := range e.Snapshots {
+			p.AddSnapshot(&e.Snapshots[i])
+		}
+		packs = append([]*Pack{p}, e.Packs...)
 	}
-	steps, err := sortSnapshotsIn(pieces, &s.scratch)
-	defer s.scratch.release()
+	steps, err := sortPacks(packs, &s.scratch)
 	if err != nil {
 		return fmt.Errorf("recovery store %s: Commit of epoch %d: %w", s.path, e.Epoch, err)
-	}
-	// The entries hold what the commit writes: the snapshots' memory can be reused.
-	if e.Release != nil {
-		e.Release()
 	}
 
 	fail := func(err error) error {
@@ -100,208 +97,6 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 		return fail(err)
 	}
 	return nil
-}
-
-// stepEntries are the snapshots of one step of a commit, as entries in run order.
-type stepEntries struct {
-	step    string
-	entries []item
-}
-
-// sortScratch is the memory sortSnapshots works in, kept by a store from one commit to the
-// next: with a million snapshots a commit, allocating it anew each time (some 100 bytes a
-// snapshot) made the garbage collector run about once a commit, rescanning the whole heap.
-type sortScratch struct {
-	keys, tmp []sortKey // sortStep's radix sort (no pointers)
-	idx       []ref     // the first step's snapshots
-	items     []item    // the entries of every step; cleared by release
-	used      int       // how many of items the last sort filled
-}
-
-// grow returns s with length n, reusing its array if it is big enough.
-func grow[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	return s[:n]
-}
-
-// release drops the references the entries hold (keys and states of the commit), keeping the
-// memory for the next commit.
-func (sc *sortScratch) release() {
-	if sc != nil {
-		clear(sc.items[:sc.used])
-		sc.used = 0
-	}
-}
-
-// sortSnapshots groups snaps by step (ascending) and sorts each step's into run order. A
-// (step, key, epoch) that appears twice is an error.
-func sortSnapshots(snaps []Snapshot) ([]stepEntries, error) {
-	return sortSnapshotsIn([][]Snapshot{snaps}, nil)
-}
-
-// ref is where a snapshot is in the pieces of a commit.
-type ref struct{ p, i int32 }
-
-// sortSnapshotsIn is sortSnapshots over the snapshots of every piece, working in sc (nil for
-// fresh memory); the entries it returns are sc's until sc.release, and read nothing of the
-// pieces' Snapshot values but the keys' strings and the states' bytes.
-func sortSnapshotsIn(pieces [][]Snapshot, sc *sortScratch) ([]stepEntries, error) {
-	n := 0
-	for _, p := range pieces {
-		n += len(p)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	if len(pieces) > math.MaxInt32 || n > math.MaxInt32 {
-		return nil, fmt.Errorf("%d snapshots in %d pieces: more than a commit can hold", n, len(pieces))
-	}
-	if sc == nil {
-		sc = &sortScratch{}
-	}
-	sc.items = grow(sc.items, n)
-	sc.used = n
-	index := map[string]int{}
-	var steps []string
-	var of [][]ref // per step, its snapshots' places
-	last := -1
-	for p, piece := range pieces {
-		for i := range piece {
-			step := piece[i].Step
-			j := last
-			if j < 0 || steps[j] != step {
-				var ok bool
-				j, ok = index[step]
-				if !ok {
-					j = len(steps)
-					index[step] = j
-					steps = append(steps, step)
-					var idx []ref
-					if j == 0 {
-						idx = grow(sc.idx, n)[:0] // the common case: one step
-						sc.idx = idx
-					}
-					of = append(of, idx)
-				}
-				last = j
-			}
-			of[j] = append(of[j], ref{int32(p), int32(i)})
-		}
-	}
-	out := make([]stepEntries, len(steps))
-	items := sc.items
-	for j, step := range steps {
-		es, err := sortStep(pieces, of[j], sc, items[:len(of[j]):len(of[j])])
-		if err != nil {
-			return nil, err
-		}
-		items = items[len(of[j]):]
-		out[j] = stepEntries{step, es}
-	}
-	slices.SortFunc(out, func(a, b stepEntries) int { return strings.Compare(a.step, b.step) })
-	return out, nil
-}
-
-// sortKey is what sortStep sorts: the first sixteen bytes of a snapshot's key, big-endian
-// (so that comparing them compares those bytes; a shorter key is padded with zeros), and the
-// snapshot's index. Most keys differ in them; equal ones compare the keys.
-type sortKey struct {
-	hi, lo uint64
-	r      ref
-}
-
-// radixSort sorts keys by (hi, lo), a byte at a time from the least significant (stable; a
-// byte that all keys share, such as those of a common prefix, costs one counting pass),
-// using tmp (as long as keys) as scratch. It returns the sorted slice: keys or tmp.
-func radixSort(keys, tmp []sortKey) []sortKey {
-	for pass := range 16 {
-		shift := uint(pass%8) * 8
-		word := func(k *sortKey) uint64 {
-			if pass < 8 {
-				return k.lo
-			}
-			return k.hi
-		}
-		var count [256]int
-		for j := range keys {
-			count[byte(word(&keys[j])>>shift)]++
-		}
-		if count[byte(word(&keys[0])>>shift)] == len(keys) {
-			continue
-		}
-		pos := 0
-		for b, c := range count {
-			count[b] = pos
-			pos += c
-		}
-		for j := range keys {
-			b := byte(word(&keys[j]) >> shift)
-			tmp[count[b]] = keys[j]
-			count[b]++
-		}
-		keys, tmp = tmp, keys
-	}
-	return keys
-}
-
-// sortStep returns the snapshots idx of snaps (of one step) as entries in run order, in es
-// (as long as idx), sorting in sc.
-func sortStep(pieces [][]Snapshot, idx []ref, sc *sortScratch, es []item) ([]item, error) {
-	sc.keys, sc.tmp = grow(sc.keys, len(idx)), grow(sc.tmp, len(idx))
-	keys := sc.keys
-	at := func(r ref) *Snapshot { return &pieces[r.p][r.i] }
-	for j, r := range idx {
-		k := at(r).Key
-		var w [16]byte
-		copy(w[:], k)
-		keys[j] = sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), r}
-	}
-	keys = radixSort(keys, sc.tmp)
-	// Keys with the same sixteen first bytes are ordered by the whole key, then the epoch.
-	for lo := 0; lo < len(keys); {
-		hi := lo + 1
-		for hi < len(keys) && keys[hi].hi == keys[lo].hi && keys[hi].lo == keys[lo].lo {
-			hi++
-		}
-		if hi-lo > 1 {
-			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
-				x, y := at(a.r), at(b.r)
-				if c := strings.Compare(x.Key, y.Key); c != 0 {
-					return c
-				}
-				switch {
-				case x.Epoch < y.Epoch:
-					return -1
-				case x.Epoch > y.Epoch:
-					return 1
-				}
-				return 0
-			})
-		}
-		lo = hi
-	}
-	for j, k := range keys {
-		sn := at(k.r)
-		e := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
-		if !sn.Deleted {
-			e.state = sn.State
-			if e.state == nil {
-				e.state = []byte{}
-			}
-		}
-		// Keys whose first sixteen bytes differ differ: most neighbours are told apart
-		// without comparing the keys.
-		if j > 0 && k.hi == keys[j-1].hi && k.lo == keys[j-1].lo && e.key == es[j-1].key {
-			if e.epoch == es[j-1].epoch {
-				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", sn.Step, e.key, e.epoch)
-			}
-			e.same = true
-		}
-		es[j] = e
-	}
-	return es, nil
 }
 
 // advanceHorizon computes the garbage collection horizon at commit time now, inside the
@@ -363,7 +158,7 @@ func (s *SQLiteStore) writeRuns(ctx context.Context, tx *sql.Tx, epoch, horizon 
 		// nor its tombstones at or before the horizon if the step has no older runs. If the
 		// run they make would start a merge of all the step's runs, they go into that merge
 		// instead of being written as a run and read back.
-		es, prefix := se.entries, len(runs) == 0
+		es, prefix := &se.entries, len(runs) == 0
 		sizes := make([]int64, len(runs), len(runs)+1)
 		for i, r := range runs {
 			sizes[i] = r.bytes
@@ -401,28 +196,37 @@ func (s *SQLiteStore) writeRuns(ctx context.Context, tx *sql.Tx, epoch, horizon 
 	return nil
 }
 
-// eachKept calls fn with what collectGroup keeps of each key's entries of es (in run order,
-// as sortStep returns them: grouped by item.same).
-func eachKept(es []item, horizon uint64, prefix bool, fn func(*item) error) error {
-	for i := 0; i < len(es); {
-		j := i + 1
-		for j < len(es) && es[j].same {
-			j++
-		}
-		kept := collectGroup(es[i:j], horizon, prefix)
+// eachKept calls fn with what collectGroup keeps of each key's entries of es (in run order).
+func eachKept(es *entries, horizon uint64, prefix bool, fn func(*item) error) error {
+	var group []item
+	flush := func() error {
+		kept := collectGroup(group, horizon, prefix)
 		for k := range kept {
 			if err := fn(&kept[k]); err != nil {
 				return err
 			}
 		}
-		i = j
+		group = group[:0]
+		return nil
+	}
+	for j := range es.len() {
+		e := es.item(j)
+		if !e.same && len(group) > 0 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		group = append(group, e)
+	}
+	if len(group) > 0 {
+		return flush()
 	}
 	return nil
 }
 
 // encodedSize returns about how many bytes the run of what eachKept keeps of es takes (the
 // entries' encoding, as if in one chunk), without reading the states.
-func encodedSize(es []item, horizon uint64, prefix bool) int64 {
+func encodedSize(es *entries, horizon uint64, prefix bool) int64 {
 	var n int64
 	prev := ""
 	eachKept(es, horizon, prefix, func(e *item) error {

@@ -43,7 +43,8 @@ func TestSortSnapshots(t *testing.T) {
 		})
 		i := 0
 		for _, se := range got {
-			for _, e := range se.entries {
+			for j := range se.entries.len() {
+				e := se.entries.item(j)
 				w := want[i]
 				if se.step != w.Step || e.key != w.Key || e.epoch != w.Epoch || e.dead != w.Deleted {
 					t.Fatalf("entry %d: %q %q %d, want %q %q %d", i, se.step, e.key, e.epoch, w.Step, w.Key, w.Epoch)

@@ -102,7 +102,7 @@ func (s *SQLiteStore) merge(ctx context.Context, tx *sql.Tx, st *statements, run
 
 // mergeWith is merge, with the entries es (a commit's, in run order, newer than every run's)
 // merged in as if they were the newest run.
-func (s *SQLiteStore) mergeWith(ctx context.Context, tx *sql.Tx, st *statements, runs []runInfo, es []item, horizon uint64, prefix bool, id int64) (runInfo, bool, error) {
+func (s *SQLiteStore) mergeWith(ctx context.Context, tx *sql.Tx, st *statements, runs []runInfo, es *entries, horizon uint64, prefix bool, id int64) (runInfo, bool, error) {
 	get := stmtGetter(ctx, st.get)
 	cursors := make([]*runCursor, len(runs), len(runs)+1)
 	for i, r := range runs {
@@ -113,7 +113,7 @@ func (s *SQLiteStore) mergeWith(ctx context.Context, tx *sql.Tx, st *statements,
 		}
 		cursors[i] = c
 	}
-	if len(es) > 0 {
+	if es != nil && es.len() > 0 {
 		cursors = append(cursors, memCursor(runs[0].step, es, s.path))
 	}
 	m, err := newMerger(cursors)

@@ -191,6 +191,9 @@ type runCursor struct {
 	found stepSum   // the entries read so far, and the sum of their chunks' checksums
 	last  item      // the previous entry, for the order check
 	ended bool
+
+	mem   *entries // a cursor over entries in memory (memCursor): what it reads
+	memAt int      // the next entry of mem to decode
 }
 
 func newRunCursor(info runInfo, get chunkGetter, verify bool, path string) *runCursor {
@@ -199,8 +202,21 @@ func newRunCursor(info runInfo, get chunkGetter, verify bool, path string) *runC
 
 // memCursor is a cursor over entries in memory, in run order: a commit's own, which it
 // merges with the step's runs without writing them as a run first.
-func memCursor(step string, es []item, path string) *runCursor {
-	return &runCursor{info: runInfo{step: step, hi: math.MaxUint64}, buf: es, ended: true, path: path}
+func memCursor(step string, es *entries, path string) *runCursor {
+	return &runCursor{info: runInfo{step: step, hi: math.MaxUint64}, mem: es, path: path}
+}
+
+// memBatch is how many entries a cursor over entries in memory decodes at a time.
+const memBatch = 256
+
+// loadMem decodes the next entries of c.mem, or ends the cursor.
+func (c *runCursor) loadMem() {
+	c.buf, c.pos = c.buf[:0], 0
+	for c.memAt < c.mem.len() && len(c.buf) < memBatch {
+		c.buf = append(c.buf, c.mem.item(c.memAt))
+		c.memAt++
+	}
+	c.ended = c.memAt == c.mem.len()
 }
 
 // damaged is an ErrDamaged error about the cursor's run.
@@ -258,6 +274,10 @@ func (c *runCursor) check(seq int) error {
 
 // load reads the next chunk, or ends the run.
 func (c *runCursor) load() error {
+	if c.mem != nil {
+		c.loadMem()
+		return nil
+	}
 	if c.seq == c.info.chunks {
 		c.ended = true
 		c.buf, c.pos = c.buf[:0], 0

@@ -196,20 +196,15 @@ type Epoch struct {
 	Epoch     uint64     // the epoch being committed; greater than the committed epoch
 	Frontiers []uint64   // per worker of the current execution, indexed by worker
 	Snapshots []Snapshot // the state snapshots to keep, each of an epoch <= Epoch
-	// Parts holds more snapshots of the commit, in pieces: the engine hands over each
-	// worker's slice as the worker filled it, without copying them into one. The commit's
-	// snapshots are those of Snapshots and of every piece (All visits them).
-	Parts [][]Snapshot
-	// Release, if not nil, tells the caller that the store no longer reads the Snapshot
-	// values of Snapshots and Parts, so that their memory can be reused for the next epoch
-	// while the store still writes: a store may call it once it has taken what it needs
-	// (it may keep using the keys' strings and the states' bytes, which are not reused, until
-	// Commit returns), and at most once. A store that never calls it is correct too: the
-	// caller reuses the slices once Commit has returned.
-	Release func()
+	// Packs holds more snapshots of the commit, encoded compactly: the engine hands over
+	// each worker's Pack as the worker filled it. The keys and states that All yields of a
+	// pack point into the pack's memory, which the caller reuses once Commit has returned: a
+	// store that keeps one longer copies it.
+	Packs []*Pack
 }
 
-// All visits every snapshot of the commit: those of Snapshots, then those of each of Parts.
+// All visits every snapshot of the commit: those of Snapshots, then those of each of Packs.
+// The Snapshot a pack yields is valid until the next one (see Pack.All).
 func (e *Epoch) All() iter.Seq[*Snapshot] {
 	return func(yield func(*Snapshot) bool) {
 		for i := range e.Snapshots {
@@ -217,9 +212,9 @@ func (e *Epoch) All() iter.Seq[*Snapshot] {
 				return
 			}
 		}
-		for _, p := range e.Parts {
-			for i := range p {
-				if !yield(&p[i]) {
+		for _, p := range e.Packs {
+			for s := range p.All() {
+				if !yield(s) {
 					return
 				}
 			}
@@ -227,11 +222,11 @@ func (e *Epoch) All() iter.Seq[*Snapshot] {
 	}
 }
 
-// Len is the number of snapshots of the commit (of Snapshots and of every piece of Parts).
+// Len is the number of snapshots of the commit (of Snapshots and of every pack of Packs).
 func (e *Epoch) Len() int {
 	n := len(e.Snapshots)
-	for _, p := range e.Parts {
-		n += len(p)
+	for _, p := range e.Packs {
+		n += p.Len()
 	}
 	return n
 }

@@ -21,10 +21,10 @@ type coordinator struct {
 	frontier  []uint64
 	done      []bool
 	workers   []*worker
-	pending   [][]Snapshot // handed over by workers, not yet written, as reported
-	fl        inFlight     // what pending and the writer hold (with a store)
-	requested uint64       // the newest epoch the cluster frontier has passed
-	allDone   bool         // every worker is done; requested is the final epoch
+	pending   []*Pack  // handed over by workers, not yet written, as reported
+	fl        inFlight // what pending and the writer hold (with a store)
+	requested uint64   // the newest epoch the cluster frontier has passed
+	allDone   bool     // every worker is done; requested is the final epoch
 	onCommit  func(epoch uint64) error
 	store     Store
 	crash     func(point string) bool
@@ -32,10 +32,10 @@ type coordinator struct {
 	fail      func(error)
 	meter     *Meter // nil without one
 
-	// free holds snapshot slices that workers filled and the store released (cleared): a
-	// worker's next epoch appends into one (Env.Reserve) instead of allocating it. At most
+	// free holds packs that workers filled and the store is done with (reset): a worker's
+	// next epoch appends into one (Env.Save, Env.Reserve) instead of allocating it. At most
 	// len(workers) are kept. Guarded by mu.
-	free [][]Snapshot
+	free []*Pack
 
 	wakeWriter chan struct{}
 	committed  atomic.Uint64
@@ -44,14 +44,14 @@ type coordinator struct {
 
 // report records a worker's frontier (the last epoch all its steps closed) and the snapshots it
 // took since its last report.
-func (c *coordinator) report(w int, frontier uint64, done bool, snaps []Snapshot) {
+func (c *coordinator) report(w int, frontier uint64, done bool, pack *Pack) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(snaps) > 0 {
-		c.pending = append(c.pending, snaps)
-	}
-	if c.store != nil {
-		c.fl.add(snaps, c.committed.Load())
+	if pack != nil && pack.Len() > 0 {
+		c.pending = append(c.pending, pack)
+		if c.store != nil {
+			c.fl.add(pack, c.committed.Load())
+		}
 	}
 	c.frontier[w], c.done[w] = frontier, done
 	low, all, final := uint64(eofEpoch), true, uint64(0)
@@ -102,50 +102,55 @@ func (c *coordinator) publish(epoch uint64, final bool) {
 	}
 }
 
-// recycle puts the slices the workers filled on the free list once the store is done with
-// them (or they were copied out), for the workers' next epochs (no allocation and no garbage
-// of a snapshot slice per worker and epoch).
-func (c *coordinator) recycle(spent [][]Snapshot) {
+// recycle puts the packs the workers filled on the free list once the store is done with them
+// (or they were copied out), for the workers' next epochs (no allocation and no garbage of a
+// pack per worker and epoch).
+func (c *coordinator) recycle(spent []*Pack) {
 	if len(spent) == 0 {
 		return
 	}
-	for _, s := range spent {
-		clear(s) // the keys and states they held can be collected
+	for _, p := range spent {
+		p.Reset()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, s := range spent {
+	for _, p := range spent {
 		if len(c.free) < len(c.workers) {
-			c.free = append(c.free, s[:0])
+			c.free = append(c.free, p)
 			continue
 		}
 		// Full: keep the biggest.
 		j := 0
 		for i := range c.free {
-			if cap(c.free[i]) < cap(c.free[j]) {
+			if c.free[i].Cap() < c.free[j].Cap() {
 				j = i
 			}
 		}
-		if cap(s) > cap(c.free[j]) {
-			c.free[j] = s[:0]
+		if p.Cap() > c.free[j].Cap() {
+			c.free[j] = p
 		}
 	}
 }
 
-// reuse returns a free snapshot slice with room for n, or nil if there is none.
-func (c *coordinator) reuse(n int) []Snapshot {
+// reuse returns the biggest free pack, or a new one if there is none.
+func (c *coordinator) reuse() *Pack {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, s := range c.free {
-		if cap(s) >= n {
-			last := len(c.free) - 1
-			c.free[i] = c.free[last]
-			c.free[last] = nil
-			c.free = c.free[:last]
-			return s
+	if len(c.free) == 0 {
+		return &Pack{}
+	}
+	j := 0
+	for i := range c.free {
+		if c.free[i].Cap() > c.free[j].Cap() {
+			j = i
 		}
 	}
-	return nil
+	p := c.free[j]
+	last := len(c.free) - 1
+	c.free[j] = c.free[last]
+	c.free[last] = nil
+	c.free = c.free[:last]
+	return p
 }
 
 // hit calls the crash hook at a named point; it reports true when the run must stop there as
@@ -159,8 +164,8 @@ func (c *coordinator) hit(point string) bool {
 }
 
 // writer records requested epochs in the store, one transaction each, coalescing epochs that
-// were passed while it was writing (a commit is subsuming): such a transaction gets only the
-// newest snapshot of each key (see newestOnly). While it writes, the workers run the next
+// were passed while it was writing (a commit is subsuming): such a transaction gets the
+// snapshots of all of them, and the store keeps the newest of each key. While it writes, the workers run the next
 // epochs; they pause their sources when too many epochs or snapshot bytes wait (see
 // worker.canRead), so that a store that falls behind slows the flow instead of filling memory.
 func (c *coordinator) writer() {
@@ -176,10 +181,10 @@ func (c *coordinator) writer() {
 			c.mu.Unlock()
 			continue
 		}
-		var pieces, spent [][]Snapshot
-		pieces, spent, c.pending = takeUpTo(c.pending, epoch)
+		var packs, spent []*Pack
+		packs, spent, c.pending = takeUpTo(c.pending, epoch)
 		var taken int64
-		for _, p := range pieces {
+		for _, p := range packs {
 			taken += snapshotBytes(p)
 		}
 		frontiers := append([]uint64(nil), c.frontier...)
@@ -190,27 +195,18 @@ func (c *coordinator) writer() {
 			if c.hit("before-commit-record") {
 				return
 			}
-			pieces, spent = coalesce(pieces)
-			c.recycle(spent)
-			observe := c.meter != nil && c.meter.ObserveSnapshot != nil
 			bytes := 0
-			for _, p := range pieces {
-				for i := 0; observe && i < len(p); i++ {
-					bytes += len(p[i].Key) + len(p[i].State)
-				}
+			for _, p := range packs {
+				bytes += p.Size()
 			}
-			// The store releases the pieces once it has taken what it writes from them, so
-			// that the workers fill them again for the next epoch while it writes.
-			var once sync.Once
-			release := func() { once.Do(func() { c.recycle(pieces) }) }
 			began := time.Now()
-			err := c.store.Commit(c.ctx, epoch, frontiers, pieces, release)
-			release()
+			err := c.store.Commit(c.ctx, epoch, frontiers, packs)
+			c.recycle(packs)
 			if err != nil {
 				c.fail(fmt.Errorf("recording epoch %d as committed: %w", epoch, err))
 				return
 			}
-			if observe {
+			if c.meter != nil && c.meter.ObserveSnapshot != nil {
 				c.meter.ObserveSnapshot(time.Since(began), bytes)
 			}
 			if c.hit("after-commit-record") {

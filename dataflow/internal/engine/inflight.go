@@ -1,21 +1,15 @@
 package engine
 
-import (
-	"sync/atomic"
-	"unsafe"
-)
+import "sync/atomic"
 
-// snapshotOverhead is what a Snapshot holds in memory besides its key's and state's bytes.
-const snapshotOverhead = int64(unsafe.Sizeof(Snapshot{}))
+// snapshotOverhead is what a snapshot costs the store's writer besides its bytes in a pack:
+// the recovery store's sort of a commit holds two 24-byte references per snapshot.
+const snapshotOverhead = 48
 
-// snapshotBytes is the memory the engine holds for snaps until they are durable:
-// approximately, each snapshot's struct, key and state.
-func snapshotBytes(snaps []Snapshot) int64 {
-	n := int64(len(snaps)) * snapshotOverhead
-	for i := range snaps {
-		n += int64(len(snaps[i].Key) + len(snaps[i].State))
-	}
-	return n
+// snapshotBytes is the memory the engine and the store's writer hold for p until it is
+// durable: approximately, its bytes and the sort's references to its snapshots.
+func snapshotBytes(p *Pack) int64 {
+	return int64(p.Size()) + int64(p.Len())*snapshotOverhead
 }
 
 // inFlight is the coordinator's account of the snapshots handed over by workers and not yet
@@ -29,15 +23,14 @@ type inFlight struct {
 	hook   func(epochs uint64, bytes int64) // Config.OnInFlight
 }
 
-// add counts snapshots reported; committed is the committed epoch.
-func (f *inFlight) add(snaps []Snapshot, committed uint64) {
-	if len(snaps) == 0 {
+// add counts a pack reported; committed is the committed epoch.
+func (f *inFlight) add(p *Pack, committed uint64) {
+	if p == nil || p.Len() == 0 {
 		return
 	}
-	f.bytes += snapshotBytes(snaps)
-	for i := range snaps {
-		f.newest = max(f.newest, snaps[i].Epoch)
-	}
+	f.bytes += snapshotBytes(p)
+	_, hi := p.Epochs()
+	f.newest = max(f.newest, hi)
 	f.changed(committed)
 }
 

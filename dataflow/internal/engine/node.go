@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"slices"
@@ -160,22 +161,28 @@ func (e *Env) Reusable(port int) bool { return e.reusable[port] }
 // Save records a piece of the step's state at the end of epoch (called from OnClose): key is a
 // state key or a partition key; deleted marks a key whose state was discarded.
 func (e *Env) Save(epoch uint64, key string, state []byte, deleted bool) {
-	e.w.snaps = append(e.w.snaps, Snapshot{Step: e.StepID, Key: key, Epoch: epoch, State: state, Deleted: deleted})
+	if e.w.pack == nil {
+		e.w.pack = e.w.r.coord.reuse()
+	}
+	e.w.pack.Add(e.StepID, key, epoch, state, deleted)
 }
 
 // Reserve makes room for n more calls of Save, so that a step that knows how many snapshots
-// it takes at the end of an epoch has them appended without regrowing (which copies every
-// snapshot twice on average).
-// A worker's first Reserve after a report takes a slice the store's writer is done with, if
-// one is big enough.
+// it takes at the end of an epoch has them appended without regrowing the worker's pack
+// (which copies it twice on average). The room is estimated from the size of the snapshots
+// the worker took before. A worker's first Save or Reserve after a report takes a pack the
+// store's writer is done with, if there is one.
 func (e *Env) Reserve(n int) {
-	if len(e.w.snaps) == 0 && cap(e.w.snaps) < n {
-		if s := e.w.r.coord.reuse(n); s != nil {
-			e.w.snaps = s
-		}
+	w := e.w
+	if w.pack == nil {
+		w.pack = w.r.coord.reuse()
 	}
-	e.w.snaps = slices.Grow(e.w.snaps, n)
+	// A hint, not a bound: at most reserveMax bytes, and 16 a snapshot before the first pack.
+	w.pack.Grow(min(n*cmp.Or(w.snapSize, 16), reserveMax))
 }
+
+// reserveMax bounds the room Reserve makes at once: a pack grows beyond it by appending.
+const reserveMax = 64 << 20
 
 // Restored returns the state the step had at the committed epoch the run resumes from: every
 // key of the step, on every worker (a node keeps the keys it owns).
@@ -187,9 +194,10 @@ func (e *Env) Emit(port int, epoch uint64, batch any) error {
 	return e.w.emit(e.step, port, epoch, batch)
 }
 
-// Snapshot is one piece of state saved at the end of an epoch. It is the recovery store's own
-// type, so that the snapshots reach the store as the workers took them, without a copy.
-type Snapshot = recovery.Snapshot
+// Pack is where a worker saves its steps' snapshots at the end of an epoch. It is the
+// recovery store's own type, so that the snapshots reach the store as the workers took them,
+// without a copy.
+type Pack = recovery.Pack
 
 // Restored is one key's state loaded from the recovery store.
 type Restored struct {
@@ -198,11 +206,10 @@ type Restored struct {
 }
 
 // Store is where committed epochs are recorded. Commit must be durable when it returns: it
-// records every snapshot of every piece and marks epoch as committed, atomically. It may call
-// release (at most once) as soon as it no longer reads the pieces' Snapshot values (it may
-// still use their keys and states until it returns): the pieces are then reused.
+// records every snapshot of every pack and marks epoch as committed, atomically. The packs
+// are reused once it has returned.
 type Store interface {
-	Commit(ctx context.Context, epoch uint64, frontiers []uint64, pieces [][]Snapshot, release func()) error
+	Commit(ctx context.Context, epoch uint64, frontiers []uint64, packs []*Pack) error
 }
 
 // Node is the per-worker instance of a step. The worker calls its methods from one goroutine.

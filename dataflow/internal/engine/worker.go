@@ -38,10 +38,11 @@ type worker struct {
 	groupDone []bool
 	closeAt   time.Time
 	committed uint64
-	lastSent  uint64     // last frontier reported
-	cur       int        // the step being called, for panic reports
-	snaps     []Snapshot // taken since the last report
-	turn      int        // rotates the ties of balancing edges
+	lastSent  uint64 // last frontier reported
+	cur       int    // the step being called, for panic reports
+	pack      *Pack  // the snapshots taken since the last report; nil when none
+	snapSize  int    // about how many bytes a snapshot takes in a pack (see Env.Reserve)
+	turn      int    // rotates the ties of balancing edges
 
 	wake  chan struct{}
 	timer *time.Timer
@@ -423,14 +424,17 @@ func (w *worker) frontier() (uint64, bool) {
 
 func (w *worker) report() {
 	f, done := w.frontier()
-	if done || f != w.lastSent || len(w.snaps) > 0 {
+	if done || f != w.lastSent || w.pack != nil && w.pack.Len() > 0 {
 		w.lastSent = f
-		snaps := w.snaps
-		w.snaps = nil
-		if len(snaps) > 0 && w.r.coord.hit("after-snapshot") {
-			return
+		pack := w.pack
+		w.pack = nil
+		if pack != nil && pack.Len() > 0 {
+			w.snapSize = pack.Size()/pack.Len() + 1
+			if w.r.coord.hit("after-snapshot") {
+				return
+			}
 		}
-		w.r.coord.report(w.index, f, done, snaps)
+		w.r.coord.report(w.index, f, done, pack)
 	}
 }
 
