@@ -424,11 +424,12 @@ func (w *worker) frontier() (uint64, bool) {
 
 func (w *worker) report() {
 	f, done := w.frontier()
-	if done || f != w.lastSent || w.pack != nil && w.pack.Len() > 0 {
+	full := w.pack != nil && w.pack.Len() > 0
+	if done || f != w.lastSent || full {
 		w.lastSent = f
-		pack := w.pack
-		w.pack = nil
-		if pack != nil && pack.Len() > 0 {
+		var pack *Pack
+		if full { // an empty one (Reserve without Save) stays the worker's
+			pack, w.pack = w.pack, nil
 			w.snapSize = pack.Size()/pack.Len() + 1
 			if w.r.coord.hit("after-snapshot") {
 				return
