@@ -1,0 +1,41 @@
+package recovery_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/epochflow/epochflow/recovery"
+	"github.com/epochflow/epochflow/recovery/storetest"
+)
+
+// The SQLite store keeps the contract every store does (recovery/storetest). Its own tests
+// (sqlite_test.go, property_test.go) check the same and what is SQLite's only: files, the
+// directory lock, migrations, damage to the file.
+func TestStoreContract(t *testing.T) {
+	storetest.Run(t, storetest.Harness{
+		New: func(t *testing.T) storetest.Opener {
+			dir := t.TempDir()
+			return func(c storetest.Config) (recovery.Store, error) {
+				return recovery.OpenSQLite(context.Background(), dir, recovery.SQLiteOptions{
+					BackupInterval: c.BackupInterval, Now: c.Now, ReadOnly: c.ReadOnly})
+			}
+		},
+		// The errors name the store's file, or its directory (ErrInUse).
+		Name: func(s recovery.Store) string { return filepath.Dir(s.(*recovery.SQLiteStore).Path()) },
+		Entries: func(s recovery.Store) ([]storetest.Entry, error) {
+			rows, err := recovery.StoreRows(s)
+			out := make([]storetest.Entry, len(rows))
+			for i, r := range rows {
+				out[i] = storetest.Entry(r)
+			}
+			return out, err
+		},
+		Collect:   recovery.CompactAll,
+		Verify:    func(ctx context.Context, s recovery.Store) error { return s.(*recovery.SQLiteStore).Verify(ctx) },
+		ReadOnly:  true,
+		Exclusive: true,
+		// TestStoreProperties runs the same model (and checks the compactions too).
+		SkipProperties: true,
+	})
+}
