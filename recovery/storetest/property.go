@@ -208,7 +208,7 @@ func (m *storeMachine) Check(t *rapid.T) {
 			ids = append(ids, r.Step)
 		}
 	}
-	if got, err := m.s.StepIDs(ctx); err != nil || !reflect.DeepEqual(got, ids) {
+	if got, err := m.s.StepIDs(ctx); err != nil || !slices.Equal(got, ids) {
 		t.Fatalf("StepIDs() = %q, %v; want %q", got, err, ids)
 	}
 }
