@@ -31,13 +31,9 @@ func (s *Store) Begin(ctx context.Context, e recovery.Execution) (recovery.Resum
 		return recovery.Resume{}, s.opError("Begin", err)
 	}
 	s.execution = 0 // a new execution replaces the previous one, even if this Begin fails
-	c, err := s.ensureWriter(ctx, "Begin")
+	tx, err := s.beginTx(ctx, "Begin")
 	if err != nil {
 		return recovery.Resume{}, err
-	}
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		return recovery.Resume{}, s.opError("Begin", err)
 	}
 	defer tx.Rollback(ctx)
 	var r recovery.Resume
@@ -78,12 +74,19 @@ func (s *Store) Begin(ctx context.Context, e recovery.Execution) (recovery.Resum
 // read runs fn on a read connection, in a read-only transaction of isolation level
 // REPEATABLE READ (fn sees one committed state throughout).
 func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	c, err := s.pool.get(ctx)
+	c, reused, err := s.pool.get(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { s.pool.put(c) }()
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil && reused && c.IsClosed() && ctx.Err() == nil {
+		// An idle connection that the server closed (a restart): once more, with a new one.
+		if c, err = pgx.ConnectConfig(ctx, s.pool.cfg.Copy()); err != nil {
+			return err
+		}
+		tx, err = c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	}
 	if err != nil {
 		return err
 	}

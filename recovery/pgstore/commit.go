@@ -52,13 +52,9 @@ func (s *Store) Commit(ctx context.Context, e recovery.Epoch) error {
 	if err := ctx.Err(); err != nil {
 		return s.opError(op, err)
 	}
-	c, err := s.ensureWriter(ctx, op)
+	tx, err := s.beginTx(ctx, op)
 	if err != nil {
 		return err
-	}
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		return s.commitError(op, err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	var committed uint64

@@ -26,7 +26,7 @@ const lockKey = `hashtextextended('epochflow recovery store ' || $1, 0)`
 
 // relockWait is how long a store that lost its connection tries to take the lock again: the
 // server releases the lock of a broken connection once its backend notices and exits.
-const relockWait = 5 * time.Second
+var relockWait = 5 * time.Second
 
 // connectWriter connects the writer's connection and takes the lock on it, trying again for
 // up to wait while another connection holds it. s.mu must be held (or s not yet shared).
@@ -98,6 +98,7 @@ func (s *Store) ensureWriter(ctx context.Context, op string) (*pgx.Conn, error) 
 	}
 	s.closeWriter()
 	if err := s.connectWriter(ctx, relockWait); err != nil {
+		// (The error says "connecting"; nothing of op was written.)
 		return nil, err
 	}
 	if s.execution == 0 {
@@ -115,4 +116,26 @@ func (s *Store) ensureWriter(ctx context.Context, op string) (*pgx.Conn, error) 
 			"(this store's is %d): Begin again", recovery.ErrInUse, s.name, op, last, x)
 	}
 	return s.writer, nil
+}
+
+// beginTx starts a transaction on the writer's connection (ensureWriter). If the connection
+// turns out to be gone at BEGIN (the server ended it while it was idle: a restart), nothing
+// was sent but BEGIN, and it connects again (taking the lock again) and starts it once more.
+// Its errors name the store and op. s.mu must be held.
+func (s *Store) beginTx(ctx context.Context, op string) (pgx.Tx, error) {
+	c, err := s.ensureWriter(ctx, op)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil && c.IsClosed() && ctx.Err() == nil {
+		if c, err = s.ensureWriter(ctx, op); err != nil {
+			return nil, err
+		}
+		tx, err = c.Begin(ctx)
+	}
+	if err != nil {
+		return nil, s.opError(op, err)
+	}
+	return tx, nil
 }

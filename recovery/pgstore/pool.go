@@ -30,21 +30,22 @@ func newPool(cfg *pgx.ConnConfig) *pool { return &pool{cfg: cfg} }
 // errClosed is the error of a use of a closed store's connections.
 var errClosed = errors.New("store is closed")
 
-// get returns an idle connection or a new one.
-func (p *pool) get(ctx context.Context) (*pgx.Conn, error) {
+// get returns an idle connection (reused) or a new one.
+func (p *pool) get(ctx context.Context) (c *pgx.Conn, reused bool, err error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, errClosed
+		return nil, false, errClosed
 	}
 	if n := len(p.idle); n > 0 {
 		c := p.idle[n-1]
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		return c, nil
+		return c, true, nil
 	}
 	p.mu.Unlock()
-	return pgx.ConnectConfig(ctx, p.cfg.Copy())
+	c, err = pgx.ConnectConfig(ctx, p.cfg.Copy())
+	return c, false, err
 }
 
 // put gives c back: it is kept if it is healthy and there is room, else closed.

@@ -97,7 +97,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 		s.now = time.Now
 	}
 	if opts.ReadOnly {
-		c, err := s.pool.get(ctx)
+		c, _, err := s.pool.get(ctx)
 		if err != nil {
 			return nil, s.opError("Open", err)
 		}
