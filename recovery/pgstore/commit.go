@@ -18,7 +18,8 @@ import (
 // writes it as chunk rows with COPY, merges the step's newest runs into one when they have
 // grown as big as the run before them (collecting what the backup window lets go), and
 // upserts the frontiers: all in one transaction on the writer's connection, which holds the
-// lock. It never calls e.Release and reads the snapshots through e.All.
+// lock. It reads the snapshots through e.All only (whatever holds them), and uses their keys
+// and states only until it returns.
 func (s *Store) Commit(ctx context.Context, e recovery.Epoch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -34,14 +35,16 @@ func (s *Store) Commit(ctx context.Context, e recovery.Epoch) error {
 	if len(e.Frontiers) != s.workers {
 		return fmt.Errorf("recovery store %s: Commit of epoch %d: %d frontiers for %d workers", s.name, e.Epoch, len(e.Frontiers), s.workers)
 	}
-	var oldest *recovery.Snapshot
+	// The oldest snapshot (epochs start at 1): a copy, as the Snapshot that All yields is
+	// valid until the next one.
+	var oldest recovery.Snapshot
 	for sn := range e.All() {
 		if sn.Epoch == 0 || sn.Epoch > e.Epoch {
 			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d",
 				recovery.ErrEpochOrder, s.name, e.Epoch, sn.Step, sn.Key, sn.Epoch)
 		}
-		if oldest == nil || sn.Epoch < oldest.Epoch {
-			oldest = sn
+		if oldest.Epoch == 0 || sn.Epoch < oldest.Epoch {
+			oldest = *sn
 		}
 	}
 	steps, err := sortCommit(&e)
@@ -64,7 +67,7 @@ func (s *Store) Commit(ctx context.Context, e recovery.Epoch) error {
 	if e.Epoch <= committed {
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: epoch %d is already committed", recovery.ErrEpochOrder, s.name, e.Epoch, committed)
 	}
-	if oldest != nil && oldest.Epoch <= committed {
+	if oldest.Epoch != 0 && oldest.Epoch <= committed {
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d, at or before the committed epoch %d",
 			recovery.ErrEpochOrder, s.name, e.Epoch, oldest.Step, oldest.Key, oldest.Epoch, committed)
 	}
@@ -136,7 +139,7 @@ type stepEntries struct {
 // shorter key padded with zeros), then the whole key and the epoch.
 type sortKey struct {
 	hi, lo uint64
-	sn     *recovery.Snapshot
+	it     item
 }
 
 // sortCommit groups the commit's snapshots by step (ascending) and sorts each step's into run
@@ -163,7 +166,14 @@ func sortCommit(e *recovery.Epoch) ([]stepEntries, error) {
 		}
 		var w [16]byte
 		copy(w[:], sn.Key)
-		keys[j] = append(keys[j], sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), sn})
+		it := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
+		if !sn.Deleted {
+			it.state = sn.State
+			if it.state == nil {
+				it.state = []byte{}
+			}
+		}
+		keys[j] = append(keys[j], sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), it})
 	}
 	out := make([]stepEntries, len(names))
 	for j, ks := range keys {
@@ -180,31 +190,14 @@ func sortCommit(e *recovery.Epoch) ([]stepEntries, error) {
 				}
 				return 1
 			}
-			if c := strings.Compare(a.sn.Key, b.sn.Key); c != 0 {
-				return c
-			}
-			switch {
-			case a.sn.Epoch < b.sn.Epoch:
-				return -1
-			case a.sn.Epoch > b.sn.Epoch:
-				return 1
-			}
-			return 0
+			return a.it.compare(&b.it)
 		})
 		es := make([]item, len(ks))
 		for i, k := range ks {
-			sn := k.sn
-			it := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
-			if !sn.Deleted {
-				it.state = sn.State
-				if it.state == nil {
-					it.state = []byte{}
-				}
+			if i > 0 && es[i-1].key == k.it.key && es[i-1].epoch == k.it.epoch {
+				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", names[j], k.it.key, k.it.epoch)
 			}
-			if i > 0 && es[i-1].key == it.key && es[i-1].epoch == it.epoch {
-				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", sn.Step, sn.Key, sn.Epoch)
-			}
-			es[i] = it
+			es[i] = k.it
 		}
 		out[j] = stepEntries{names[j], es}
 	}

@@ -48,11 +48,11 @@ func (su suite) commitErrors(t *testing.T) {
 		{"older epoch", recovery.Epoch{Epoch: 4, Frontiers: []uint64{5, 5}}, recovery.ErrEpochOrder, "already committed"},
 		{"snapshot after epoch", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []recovery.Snapshot{snap("s", "k", 7, "x")}}, recovery.ErrEpochOrder, `key "k" has epoch 7`},
 		{"snapshot at committed epoch", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []recovery.Snapshot{snap("s", "j", 6, "x"), snap("s", "k", 5, "x")}}, recovery.ErrEpochOrder, "at or before the committed epoch 5"},
-		{"snapshot in a piece at committed epoch", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Parts: [][]recovery.Snapshot{{snap("s", "j", 6, "x")}, {snap("s", "k", 5, "x")}}}, recovery.ErrEpochOrder, "at or before the committed epoch 5"},
+		{"snapshot in a piece at committed epoch", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Packs: packs([]recovery.Snapshot{snap("s", "j", 6, "x")}, []recovery.Snapshot{snap("s", "k", 5, "x")})}, recovery.ErrEpochOrder, "at or before the committed epoch 5"},
 		{"snapshot epoch 0", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []recovery.Snapshot{snap("s", "k", 0, "x")}}, recovery.ErrEpochOrder, "has epoch 0"},
 		{"too few frontiers", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6}}, nil, "1 frontiers for 2 workers"},
 		{"duplicate snapshot", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []recovery.Snapshot{snap("s", "a", 6, "x"), snap("s", "k", 6, "x"), tomb("s", "k", 6)}}, nil, `key "k" epoch 6 appears twice`},
-		{"duplicate snapshot across pieces", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []recovery.Snapshot{snap("s", "k", 6, "x")}, Parts: [][]recovery.Snapshot{{snap("s", "k", 6, "y")}}}, nil, `key "k" epoch 6 appears twice`},
+		{"duplicate snapshot across pieces", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}, Snapshots: []recovery.Snapshot{snap("s", "k", 6, "x")}, Packs: packs([]recovery.Snapshot{snap("s", "k", 6, "y")})}, nil, `key "k" epoch 6 appears twice`},
 		{"canceled", recovery.Epoch{Epoch: 6, Frontiers: []uint64{6, 6}}, context.Canceled, ""},
 	}
 	for _, c := range cases {
@@ -85,19 +85,19 @@ func (su suite) commitErrors(t *testing.T) {
 	}
 }
 
-// commitPieces: a commit's snapshots are those of Snapshots and of every piece of Parts
-// (empty pieces included), of several steps, in any order.
+// commitPieces: a commit's snapshots are those of Snapshots and of every pack of Packs
+// (empty packs included), of several steps, in any order.
 func (su suite) commitPieces(t *testing.T) {
 	ctx := context.Background()
 	s := mustOpen(t, su.h.New(t), Config{})
 	begin(t, s, "f", 3)
 	e := recovery.Epoch{Epoch: 2, Frontiers: []uint64{2, 2, 2},
 		Snapshots: []recovery.Snapshot{snap("b", "z", 1, "bz1")},
-		Parts: [][]recovery.Snapshot{
-			{snap("a", "y", 2, "ay2"), snap("b", "a", 2, "ba2"), snap("a", "x", 1, "ax1")},
+		Packs: packs(
+			[]recovery.Snapshot{snap("a", "y", 2, "ay2"), snap("b", "a", 2, "ba2"), snap("a", "x", 1, "ax1")},
 			nil,
-			{tomb("a", "y", 1), snap("a", "x", 2, "ax2"), snap("b", "z", 2, "bz2"), tomb("b", "gone", 2)},
-		}}
+			[]recovery.Snapshot{tomb("a", "y", 1), snap("a", "x", 2, "ax2"), snap("b", "z", 2, "bz2"), tomb("b", "gone", 2)},
+		)}
 	if err := s.Commit(ctx, e); err != nil {
 		t.Fatal(err)
 	}

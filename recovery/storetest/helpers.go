@@ -111,6 +111,19 @@ func tomb(step, key string, epoch uint64) recovery.Snapshot {
 	return recovery.Snapshot{Step: step, Key: key, Epoch: epoch, Deleted: true}
 }
 
+// packs returns the snapshots of each piece as a recovery.Pack, as the engine hands a
+// worker's snapshots to Commit (recovery.Epoch.Packs).
+func packs(pieces ...[]recovery.Snapshot) []*recovery.Pack {
+	out := make([]*recovery.Pack, len(pieces))
+	for i, piece := range pieces {
+		out[i] = new(recovery.Pack)
+		for j := range piece {
+			out[i].AddSnapshot(&piece[j])
+		}
+	}
+	return out
+}
+
 // entries returns h.Entries(s), failing the test on error; nil without h.Entries.
 func (h Harness) entries(t tb, s recovery.Store) []Entry {
 	t.Helper()

@@ -72,7 +72,7 @@ func (m *storeMachine) start(t *rapid.T) {
 }
 
 // Commit commits a random epoch with random snapshots and tombstones, in Snapshots or in
-// pieces.
+// packs.
 func (m *storeMachine) Commit(t *rapid.T) {
 	m.collected = false
 	epoch := m.committed + uint64(rapid.IntRange(1, 3).Draw(t, "advance"))
@@ -101,7 +101,7 @@ func (m *storeMachine) Commit(t *rapid.T) {
 	}
 	e := recovery.Epoch{Epoch: epoch, Frontiers: []uint64{epoch}}
 	if split := rapid.IntRange(0, len(snaps)).Draw(t, "split"); split > 0 && rapid.Bool().Draw(t, "pieces") {
-		e.Parts = [][]recovery.Snapshot{snaps[:split], snaps[split:]}
+		e.Packs = packs(snaps[:split], snaps[split:])
 	} else {
 		e.Snapshots = snaps
 	}
