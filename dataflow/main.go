@@ -35,8 +35,11 @@ func Main(flow *Flow) {
 //
 //	-workers N           EPOCHFLOW_WORKERS          workers in this process (default 1)
 //	-epoch-interval D    EPOCHFLOW_EPOCH_INTERVAL   how often epochs close (default 1s)
-//	-recovery DIR        EPOCHFLOW_RECOVERY         recovery store directory (created if missing);
-//	                                                without it the flow keeps no state across runs
+//	-recovery DIR|URL    EPOCHFLOW_RECOVERY         recovery store: a directory (created if missing)
+//	                                                for SQLite, or a postgres:// URL of a PostgreSQL
+//	                                                database (schema from ?schema=, default
+//	                                                epochflow); without it the flow keeps no state
+//	                                                across runs
 //	-backup-interval D   EPOCHFLOW_BACKUP_INTERVAL  how long superseded snapshots are kept (default 0)
 //	-restart-attempts N  EPOCHFLOW_RESTART_ATTEMPTS restarts in a row after failures (default 3
 //	                                                with -recovery, 0 without; more than 0
@@ -108,7 +111,8 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error (env EPOCHFLOW_LOG_LEVEL)")
 	graph := fs.Bool("graph", false, "print the flow as a Mermaid chart and exit")
 	recoveryDir := fs.String("recovery", "",
-		"recovery store directory, created if missing (env EPOCHFLOW_RECOVERY); without it a crash or a stop "+
+		"recovery store: a directory, created if missing (SQLite), or a postgres:// or postgresql:// URL of a PostgreSQL "+
+			"database, its schema created if missing (?schema=NAME, default epochflow) (env EPOCHFLOW_RECOVERY); without it a crash or a stop "+
 			"(SIGINT, SIGTERM) loses the flow's state: what stateful steps hold (counts, aggregates) is not written, "+
 			"and the next run starts from the beginning")
 	backup := fs.Duration("backup-interval", 0,
@@ -281,9 +285,9 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		logger.Info("serving metrics", "addr", srv.addr, "metrics", "http://"+srv.addr+"/metrics", "pprof", *withPprof)
 	}
 	if *recoveryDir != "" {
-		store, err := recovery.OpenSQLite(ctx, *recoveryDir, recovery.SQLiteOptions{BackupInterval: *backup})
+		store, err := openStore(ctx, *recoveryDir, *backup)
 		if err != nil {
-			fmt.Fprintf(stderr, "epochflow: -recovery %s: %v\n", *recoveryDir, err)
+			fmt.Fprintf(stderr, "epochflow: -recovery %s: %v\n", storeName(*recoveryDir), err)
 			logger.Error("failed before the flow started: nothing was read or written", "flow", flow.Name(), "error", err.Error(),
 				"items_read", 0, "items_written", 0)
 			return 1
@@ -293,7 +297,7 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 	} else {
 		logger.Info("running without a recovery store: a crash or a stop loses the flow's state and progress; use -recovery DIR to keep them", "flow", flow.Name())
 	}
-	logger.Info("running", "flow", flow.Name(), "workers", *workers, "epoch_interval", *interval, "recovery", *recoveryDir,
+	logger.Info("running", "flow", flow.Name(), "workers", *workers, "epoch_interval", *interval, "recovery", storeName(*recoveryDir),
 		"restart_attempts", *restarts)
 	if status != nil {
 		stopStatus := liveStatus(status, flow.Name(), opts.Monitor)
@@ -303,7 +307,7 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		defer stopSummary()
 	}
 	st, err := RunStats(ctx, flow, opts)
-	closingLine(logger, flow.Name(), *recoveryDir, st, err)
+	closingLine(logger, flow.Name(), storeName(*recoveryDir), st, err)
 	if err != nil {
 		fmt.Fprintf(logOut, "epochflow: %v\n", err)
 		return 1

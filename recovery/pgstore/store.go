@@ -160,6 +160,10 @@ func firstOf(a, b string) string {
 	return b
 }
 
+// RedactDSN returns dsn without its password (a URL's user password or password parameter,
+// a keyword=value DSN's password), for logs and errors.
+func RedactDSN(dsn string) string { return redact(dsn) }
+
 // passwordRe finds the password of a keyword=value DSN.
 var passwordRe = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
 
