@@ -6,7 +6,8 @@
 //	epochflow graph SOURCE
 //
 // recovery inspect prints what the recovery store at PATH (a recovery directory, or the
-// epochflow-0.sqlite3 file in it) holds: its executions (with each worker's frontier at its
+// epochflow-0.sqlite3 file in it, or the postgres:// URL of a PostgreSQL store, as -recovery
+// takes them) holds: its executions (with each worker's frontier at its
 // last commit), its committed epoch, each step's keys and bytes, and where each source and
 // sink partition of the project's connectors resumes, in words (a file offset or output
 // length, an LSN, a Kafka offset, a queue consumer's snapshot); and it verifies the store as a
@@ -27,10 +28,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -59,7 +58,7 @@ Each command takes -h or -help.
 const inspectUsage = `usage: epochflow recovery inspect PATH
 
 Prints what the recovery store at PATH (a recovery directory, or its ` + recovery.FileName + `
-file) holds, and verifies it as a resume would; it opens the store read-only, so it may run
+file, or a postgres:// URL of a PostgreSQL store, schema from ?schema=) holds, and verifies it as a resume would; it opens the store read-only, so it may run
 while the flow runs. Exit 1 if the store is damaged.
 
   - the store, its schema, the verification, the flow and the committed epoch;
@@ -124,22 +123,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// inspect prints the store at path (a directory, or the store file in one).
+// inspect prints the store at path (a directory, or the store file in one, or a PostgreSQL
+// URL).
 func inspect(ctx context.Context, path string, w io.Writer) error {
-	dir := path
-	fi, err := os.Stat(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%s does not exist", path)
-	case err != nil:
-		return err
-	case !fi.IsDir():
-		if filepath.Base(path) != recovery.FileName {
-			return fmt.Errorf("%s is a file, not a recovery directory or a %s file", path, recovery.FileName)
-		}
-		dir = filepath.Dir(path)
-	}
-	s, err := recovery.OpenSQLite(ctx, dir, recovery.SQLiteOptions{ReadOnly: true})
+	s, name, version, err := openInspected(ctx, path)
 	if err != nil {
 		return err
 	}
@@ -169,24 +156,24 @@ func inspect(ctx context.Context, path string, w io.Writer) error {
 			return perr
 		}
 	}
-	if err := report(w, s.Path(), xs, c, steps, stepsErr, verr); err != nil {
+	if err := report(w, name, version, xs, c, steps, stepsErr, verr); err != nil {
 		return err
 	}
 	if err := reportPositions(w, pos); err != nil {
 		return err
 	}
 	if verr != nil {
-		return fmt.Errorf("%s is damaged: do not resume from it (see the verification line)", s.Path())
+		return fmt.Errorf("%s is damaged: do not resume from it (see the verification line)", name)
 	}
 	return nil
 }
 
 // report writes what inspect prints: stepsErr is Steps' error, verr Verify's.
-func report(w io.Writer, path string, xs []recovery.ExecutionInfo, c recovery.CommitInfo, steps []recovery.StepInfo, stepsErr, verr error) error {
+func report(w io.Writer, path string, version int, xs []recovery.ExecutionInfo, c recovery.CommitInfo, steps []recovery.StepInfo, stepsErr, verr error) error {
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "store\t%s\n", path)
-	fmt.Fprintf(tw, "schema version\t%d\n", recovery.SchemaVersion)
+	fmt.Fprintf(tw, "schema version\t%d\n", version)
 	if verr == nil {
 		fmt.Fprintf(tw, "verification\tok\n")
 	} else {

@@ -16,11 +16,19 @@ import (
 // makeStore creates a store in dir with two executions of flow "wordcount".
 func makeStore(t *testing.T, dir string) {
 	t.Helper()
+	makeStoreWith(t, func(clock func() time.Time) (recovery.Store, error) {
+		return recovery.OpenSQLite(context.Background(), dir, recovery.SQLiteOptions{Now: clock})
+	})
+}
+
+// makeStoreWith creates the store of makeStore with open.
+func makeStoreWith(t *testing.T, open func(clock func() time.Time) (recovery.Store, error)) {
+	t.Helper()
 	ctx := context.Background()
 	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	clock := func() time.Time { return now }
 	for x, workers := range []int{2, 3} {
-		s, err := recovery.OpenSQLite(ctx, dir, recovery.SQLiteOptions{Now: clock})
+		s, err := open(clock)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,7 +25,7 @@ type position struct {
 
 // positions reads the states of the steps with at most maxPositionKeys keys and returns those
 // that are the resume positions of the project's connectors, in words (see describePosition).
-func positions(ctx context.Context, s *recovery.SQLiteStore, steps []recovery.StepInfo) ([]position, error) {
+func positions(ctx context.Context, s recovery.Store, steps []recovery.StepInfo) ([]position, error) {
 	var out []position
 	for _, st := range steps {
 		if st.Keys == 0 || st.Keys > maxPositionKeys {
