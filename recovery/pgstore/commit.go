@@ -135,37 +135,43 @@ type stepEntries struct {
 	entries []item
 }
 
-// sortKey orders a step's snapshots: the first sixteen bytes of the key, big-endian (a
-// shorter key padded with zeros), then the whole key and the epoch.
+// sortKey is what sortCommit sorts: the first sixteen bytes of a snapshot's key, big-endian
+// (so that comparing them compares those bytes; a shorter key is padded with zeros), and the
+// snapshot's index. It holds no pointer: the garbage collector does not scan a million of them.
 type sortKey struct {
 	hi, lo uint64
-	it     item
+	i      int32
 }
 
 // sortCommit groups the commit's snapshots by step (ascending) and sorts each step's into run
-// order. A (step, key, epoch) that appears twice is an error.
+// order: a radix sort of the keys' first sixteen bytes, then a sort by the whole key and epoch
+// of the keys that share them. A (step, key, epoch) that appears twice is an error.
 func sortCommit(e *recovery.Epoch) ([]stepEntries, error) {
-	if e.Len() == 0 {
+	n := e.Len()
+	if n == 0 {
 		return nil, nil
 	}
-	index := map[string]int{}
-	var keys [][]sortKey
+	if n > math.MaxInt32 {
+		return nil, fmt.Errorf("%d snapshots: more than a commit can hold", n)
+	}
+	items := make([]item, 0, n)
+	stepOf := make([]int32, 0, n)
+	index := map[string]int32{}
 	var names []string
-	last := -1
+	var counts []int
+	last := int32(-1)
 	for sn := range e.All() {
 		j := last
 		if j < 0 || names[j] != sn.Step {
 			var ok bool
 			if j, ok = index[sn.Step]; !ok {
-				j = len(names)
+				j = int32(len(names))
 				index[sn.Step] = j
 				names = append(names, sn.Step)
-				keys = append(keys, nil)
+				counts = append(counts, 0)
 			}
 			last = j
 		}
-		var w [16]byte
-		copy(w[:], sn.Key)
 		it := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
 		if !sn.Deleted {
 			it.state = sn.State
@@ -173,36 +179,81 @@ func sortCommit(e *recovery.Epoch) ([]stepEntries, error) {
 				it.state = []byte{}
 			}
 		}
-		keys[j] = append(keys[j], sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), it})
+		items = append(items, it)
+		stepOf = append(stepOf, j)
+		counts[j]++
 	}
 	out := make([]stepEntries, len(names))
-	for j, ks := range keys {
-		slices.SortFunc(ks, func(a, b sortKey) int {
-			switch {
-			case a.hi != b.hi:
-				if a.hi < b.hi {
-					return -1
-				}
-				return 1
-			case a.lo != b.lo:
-				if a.lo < b.lo {
-					return -1
-				}
-				return 1
+	keys, tmp := make([]sortKey, 0, n), make([]sortKey, n)
+	for j := range names {
+		keys = keys[:0]
+		for i := range items {
+			if len(names) == 1 || stepOf[i] == int32(j) {
+				var w [16]byte
+				copy(w[:], items[i].key)
+				keys = append(keys, sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), int32(i)})
 			}
-			return a.it.compare(&b.it)
-		})
+		}
+		ks := radixSort(keys, tmp[:len(keys)])
+		// Keys with the same sixteen first bytes are ordered by the whole key, then epoch.
+		for lo := 0; lo < len(ks); {
+			hi := lo + 1
+			for hi < len(ks) && ks[hi].hi == ks[lo].hi && ks[hi].lo == ks[lo].lo {
+				hi++
+			}
+			if hi-lo > 1 {
+				slices.SortFunc(ks[lo:hi], func(a, b sortKey) int { return items[a.i].compare(&items[b.i]) })
+			}
+			lo = hi
+		}
 		es := make([]item, len(ks))
 		for i, k := range ks {
-			if i > 0 && es[i-1].key == k.it.key && es[i-1].epoch == k.it.epoch {
-				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", names[j], k.it.key, k.it.epoch)
+			es[i] = items[k.i]
+			if i > 0 && es[i-1].epoch == es[i].epoch && es[i-1].key == es[i].key {
+				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", names[j], es[i].key, es[i].epoch)
 			}
-			es[i] = k.it
 		}
 		out[j] = stepEntries{names[j], es}
 	}
 	slices.SortFunc(out, func(a, b stepEntries) int { return strings.Compare(a.step, b.step) })
 	return out, nil
+}
+
+// radixSort sorts keys by (hi, lo), a byte at a time from the least significant (stable; a
+// byte that all keys share, as those of a common prefix, costs one counting pass), using tmp
+// (as long as keys) as scratch. It returns the sorted slice: keys or tmp.
+func radixSort(keys, tmp []sortKey) []sortKey {
+	if len(keys) < 2 {
+		return keys
+	}
+	for pass := range 16 {
+		shift := uint(pass%8) * 8
+		word := func(k *sortKey) uint64 {
+			if pass < 8 {
+				return k.lo
+			}
+			return k.hi
+		}
+		var count [256]int
+		for j := range keys {
+			count[byte(word(&keys[j])>>shift)]++
+		}
+		if count[byte(word(&keys[0])>>shift)] == len(keys) {
+			continue
+		}
+		pos := 0
+		for b, c := range count {
+			count[b] = pos
+			pos += c
+		}
+		for j := range keys {
+			b := byte(word(&keys[j]) >> shift)
+			tmp[count[b]] = keys[j]
+			count[b]++
+		}
+		keys, tmp = tmp, keys
+	}
+	return keys
 }
 
 // advanceHorizon computes the garbage collection horizon at commit time now, inside the

@@ -20,7 +20,7 @@ import (
 // pg is the throwaway PostgreSQL cluster of the test binary.
 var pg *pgtest.Cluster
 
-func TestMain(m *testing.M) { pgtest.Main(m, &pg) }
+func TestMain(m *testing.M) { pgtest.Main(m, &pg, stopBenchCluster) }
 
 // db is the database the tests' stores live in, each in a schema of its own.
 var db struct {
