@@ -19,10 +19,11 @@
 //     prefix-compressed, as the SQLite store encodes them) into chunks of about 256 KiB, each
 //     chunk one row of chunks (its run, position, entry count, CRC-32C and bytes; the bytes
 //     stored uncompressed, out of line: they are compact already), sent with COPY. A commit
-//     of a million keys of 16-byte states is some 80 rows, not a million (a row per
-//     snapshot measured 2 to 3 times slower to commit, and took about three times the
-//     space with its index). A run's row records its entry and chunk counts, its bytes and
-//     the sum of its chunks' checksums;
+//     of a million keys is some 80 rows, not a million, and BenchmarkCommit measures it
+//     about as fast as the SQLite store's (0.89 s against 0.85 s for a million keys, with
+//     fsync on; 1.6 times its 3 ms for 1,000 keys, a dozen round trips), and BenchmarkLoad a
+//     resume of a million keys 0.84 times its time. A run's row records its entry and chunk
+//     counts, its bytes and the sum of its chunks' checksums;
 //   - step_sums: per step, the entry count and checksum sum over its runs.
 //
 // Epochs and frontiers (uint64) are stored as the bigint with the same bits; times as Unix
