@@ -20,9 +20,9 @@
 //     chunk one row of chunks (its run, position, entry count, CRC-32C and bytes; the bytes
 //     stored uncompressed, out of line: they are compact already), sent with COPY. A commit
 //     of a million keys is some 80 rows, not a million, and BenchmarkCommit measures it
-//     about as fast as the SQLite store's (0.89 s against 0.85 s for a million keys, with
-//     fsync on; 1.6 times its 3 ms for 1,000 keys, a dozen round trips), and BenchmarkLoad a
-//     resume of a million keys 0.84 times its time. A run's row records its entry and chunk
+//     about as fast as the SQLite store's (1.05 times its 0.84 s for a million keys, with
+//     fsync on; 1.4 to 1.6 times its 3 ms for 1,000 keys, a dozen round trips), and
+//     BenchmarkLoad a resume of a million keys 0.75 to 0.84 times its time. A run's row records its entry and chunk
 //     counts, its bytes and the sum of its chunks' checksums;
 //   - step_sums: per step, the entry count and checksum sum over its runs.
 //
