@@ -60,6 +60,14 @@ func Main(flow *Flow) {
 //	                                                instead, below the log lines
 //	-graph                                          print the flow as a Mermaid chart and exit,
 //	                                                without running it (see GraphOnly)
+//	-addresses A,B,...   EPOCHFLOW_ADDRESSES        run on several processes: every process's
+//	                                                host:port, in process order (see ClusterOptions)
+//	-process-id N        EPOCHFLOW_PROCESS_ID       this process's number in -addresses; a pod
+//	                                                name such as flow-3 gives 3 (default 0)
+//	-cluster-secret S    EPOCHFLOW_CLUSTER_SECRET   shared by the processes; required with more
+//	                                                than one address
+//	-peer-timeout D      EPOCHFLOW_PEER_TIMEOUT     a peer silent or gone this long stops every
+//	                                                process with an error naming it (default 10s)
 //
 // -help (or -h) prints the usage on standard error and exits 0. A malformed flag is an error
 // (exit 2), and so is a malformed environment variable, which the error names, unless its flag
@@ -130,6 +138,7 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		"how often a progress line (items read and written, rates, epochs, commit latency, source lag) is logged; "+
 			"on a terminal a status line with the same is rewritten in place once a second instead; "+
 			"0 turns both off (env EPOCHFLOW_STATUS_INTERVAL)")
+	cluster := addClusterFlags(fs)
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -204,6 +213,10 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		}
 		*restarts = 0 // the default restarts only flows with a store
 	}
+	clusterOpts, ok := cluster.options(stderr, *recoveryDir)
+	if !ok {
+		return 2
+	}
 	crash, err := crashFromEnv(os.Getenv("EPOCHFLOW_CRASH_AT"))
 	if err != nil {
 		fmt.Fprintf(stderr, "invalid EPOCHFLOW_CRASH_AT: %v\n", err)
@@ -272,7 +285,7 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 			*workers, maxWorkersPerCore, cores), "workers", *workers, "cores", cores)
 	}
 	opts := Options{Workers: *workers, EpochInterval: *interval, Logger: logger, CrashHook: crash, Stop: stop,
-		Restart: RestartPolicy{Attempts: *restarts, Backoff: *restartWait}, Monitor: NewMonitor()}
+		Restart: RestartPolicy{Attempts: *restarts, Backoff: *restartWait}, Monitor: NewMonitor(), Cluster: clusterOpts}
 	if *metricsAddr != "" {
 		srv, err := serveMonitor(*metricsAddr, opts.Monitor.Handler(flow, *withPprof))
 		if err != nil {

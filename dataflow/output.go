@@ -29,6 +29,7 @@ func Output[T any](name string, s Stream[T], sink Sink[T]) {
 			pick := route(shared)
 			return newRouter(total, pool, func(item T) (int, error) { return pick(item, total) })
 		}
+		in.Codec = itemBatchCodec[T]()
 	}
 	s.flow.add(name, &engine.Step{Kind: "sink", Inputs: []engine.Edge{in}, Outputs: 0, Setup: sink.setup, New: sink.build})
 }

@@ -85,6 +85,10 @@ type Options struct {
 	// always sets one, with or without -metrics-addr (which only serves it).
 	Monitor *Monitor
 
+	// Cluster, if set, runs this process as one of several that run the flow together (see
+	// ClusterOptions). nil runs it on this process alone.
+	Cluster *ClusterOptions
+
 	// onInFlight is engine.Config.OnInFlight, for tests (set in export_test.go).
 	onInFlight func(epochs uint64, bytes int64)
 }
@@ -217,7 +221,7 @@ func RunStats(ctx context.Context, f *Flow, opts Options) (Stats, error) {
 			}
 		}
 		if err == nil {
-			es, err = engine.Run(ctx, &f.graph, c)
+			es, err = runAttempt(ctx, f, opts, c)
 		}
 		st.Read += es.Read
 		st.Written += es.Written
@@ -354,6 +358,9 @@ func (o Options) config() (engine.Config, error) {
 	}
 	if o.Restart.Attempts < 0 || o.Restart.Backoff < 0 || o.Restart.MaxBackoff < 0 {
 		return cfg, fmt.Errorf("restart policy %+v: want no negative attempts or backoff", o.Restart)
+	}
+	if err := o.Cluster.check(o); err != nil {
+		return cfg, err
 	}
 	if o.Restart.Attempts > 0 && o.Recovery == nil {
 		return cfg, errors.New("restarts need a recovery store: a restart without one would read every source " +

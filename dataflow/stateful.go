@@ -64,6 +64,7 @@ func Stateful[V, S, W any](name string, in Stream[KV[V]], logic StatefulLogic[V,
 	}
 	e := in.edge()
 	e.NewRouter = byKey[V]()
+	e.Codec = kvBatchCodec[V]()
 	s := in.flow.add(name, &engine.Step{Kind: "stateful", Inputs: []engine.Edge{e}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
 			return newStatefulNode(env, logic)

@@ -62,6 +62,7 @@ func StatefulTime[V, S, W any](name string, in Stream[KV[V]], clock Clock[V], lo
 	}
 	e := stamps.edge()
 	e.NewRouter = byStampKey[V]()
+	e.Codec = stampBatchCodec[V]()
 	system := clock.Timestamp == nil
 	s := in.flow.add(name, &engine.Step{Kind: "stateful-time", Inputs: []engine.Edge{e}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {

@@ -31,6 +31,10 @@ type coordinator struct {
 	ctx       context.Context
 	fail      func(error)
 	meter     *Meter // nil without one
+	// transport, in a cluster: a process that does not lead sends its workers' frontiers to
+	// the leader (process 0), which announces the epochs it commits.
+	transport Transport
+	leader    bool
 
 	// free holds packs that workers filled and the store is done with (reset): a worker's
 	// next epoch appends into one (Env.Save, Env.Reserve) instead of allocating it. At most
@@ -45,6 +49,10 @@ type coordinator struct {
 // report records a worker's frontier (the last epoch all its steps closed) and the snapshots it
 // took since its last report.
 func (c *coordinator) report(w int, frontier uint64, done bool, pack *Pack) {
+	if c.transport != nil && !c.leader {
+		c.transport.SendReport(w, frontier, done)
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pack != nil && pack.Len() > 0 {
@@ -90,6 +98,9 @@ func (c *coordinator) report(w int, frontier uint64, done bool, pack *Pack) {
 
 // publish makes epoch the committed one and wakes the workers to call Commit.
 func (c *coordinator) publish(epoch uint64, final bool) {
+	if c.transport != nil && c.leader {
+		c.transport.SendCommit(epoch, final)
+	}
 	c.committed.Store(max(epoch, c.committed.Load()))
 	if c.meter != nil {
 		c.meter.commit(c.committed.Load())

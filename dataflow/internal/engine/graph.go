@@ -49,7 +49,21 @@ type Edge struct {
 	NewRouter func(self, total int, shared any) Router
 	// Balance makes this an exchange that sends each batch whole to the worker with the
 	// shortest backlog of this edge (ties in turn), so a slower worker gets less. No router.
+	// In a cluster it balances among the workers of the sending process.
 	Balance bool
+	// Codec encodes the batches of an exchange (NewRouter) that cross to another process of a
+	// cluster. A run on several processes refuses an exchange without one.
+	Codec BatchCodec
+}
+
+// BatchCodec encodes the batches of one exchange edge for another process.
+type BatchCodec interface {
+	// AppendBatch appends the encoding of batch to dst.
+	AppendBatch(dst []byte, batch any) ([]byte, error)
+	// DecodeBatch decodes a batch that AppendBatch encoded.
+	DecodeBatch(data []byte) (any, error)
+	// Check reports why the items cannot cross processes (nil when they can).
+	Check() error
 }
 
 // Router splits batches of one exchange edge by destination worker. One router exists per
@@ -99,6 +113,7 @@ type planEdge struct {
 	channel        bool
 	balance        bool
 	newRouter      func(self, total int, shared any) Router
+	codec          BatchCodec
 }
 
 // compile computes depths (the number of channels on the longest path from a source) and turns
@@ -126,7 +141,7 @@ func compile(g *Graph) (*plan, error) {
 		p.maxDepth = max(p.maxDepth, d)
 		for port, in := range s.Inputs {
 			e := planEdge{from: in.From.index, fromPort: in.Port, to: i, toPort: port, depth: d,
-				newRouter: in.NewRouter, balance: in.Balance, channel: in.NewRouter != nil || in.Balance}
+				newRouter: in.NewRouter, balance: in.Balance, codec: in.Codec, channel: in.NewRouter != nil || in.Balance}
 			if !e.channel && in.From.depth < d {
 				e.channel = true // forward channel: to self only
 			}

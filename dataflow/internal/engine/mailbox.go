@@ -33,8 +33,10 @@ type mailbox struct {
 	q      []message
 	head   int
 	n      atomic.Int32
-	sender *worker
-	recv   *worker
+	sender *worker // nil when the sender is in another process (in is set)
+	recv   *worker // nil when the receiver is in another process (out is set)
+	out    *remoteOut
+	in     *remoteIn
 	// receiver-side state, touched only by the receiving worker
 	reached uint64 // every message of epochs <= reached has been taken
 	eof     bool   // the end (or a stop) was taken
@@ -47,6 +49,10 @@ const (
 )
 
 func (m *mailbox) send(msg message) {
+	if m.out != nil {
+		m.out.send(m, msg)
+		return
+	}
 	m.mu.Lock()
 	m.q = append(m.q, msg)
 	m.mu.Unlock()
@@ -79,7 +85,10 @@ func (m *mailbox) pop() {
 		m.head = 0
 	}
 	m.mu.Unlock()
-	if m.n.Add(-1) == lowWater {
+	n := m.n.Add(-1)
+	if m.in != nil {
+		m.in.took(n)
+	} else if n == lowWater {
 		m.sender.wakeUp()
 	}
 }

@@ -46,6 +46,9 @@ type Config struct {
 	Meter *Meter
 	// StepContext, if set, derives the context a step's node gets (Env.Ctx) from the run's.
 	StepContext func(ctx context.Context, step string) context.Context
+	// Transport, if set, runs this process as one of a cluster (see Transport): Workers is
+	// then the number of workers of each process. It has no recovery store yet.
+	Transport Transport
 }
 
 // StepError is an error that happened in a step on a worker. Worker is -1 for an error found
@@ -84,8 +87,26 @@ type Stats struct {
 type run struct {
 	start    time.Time // epochs close on ticks of EpochInterval from here, on every worker
 	cfg      Config
+	p        *plan
 	coord    *coordinator
 	stopping atomic.Bool
+	workers  []*worker // this process's
+	base     int       // the number of this process's first worker
+	total    int       // the workers of the cluster
+	fail     func(error)
+}
+
+// stop begins a graceful stop.
+func (r *run) stop() {
+	if r.stopping.Swap(true) {
+		return
+	}
+	if r.cfg.StopWarning != "" {
+		r.cfg.Logger.Warn(r.cfg.StopWarning)
+	}
+	for _, w := range r.workers {
+		w.wakeUp()
+	}
 }
 
 // Run runs the graph until every source has ended and the last epoch is committed, until ctx
@@ -118,14 +139,34 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 		return st, fmt.Errorf("engine: the meter counts %d workers and %d steps, the run has %d and %d",
 			m.Workers(), len(m.workers[0].in), cfg.Workers, len(p.steps))
 	}
+	n := cfg.Workers
+	r := &run{cfg: cfg, start: time.Now(), p: p, total: n}
+	if t := cfg.Transport; t != nil {
+		if cfg.Store != nil {
+			return st, errors.New("engine: a run on several processes has no recovery store yet")
+		}
+		r.base, r.total = t.Process()*n, t.Processes()*n
+		for _, e := range p.edges {
+			if e.newRouter == nil || e.balance {
+				continue
+			}
+			step := p.steps[e.to].ID
+			if e.codec == nil {
+				return st, &StepError{Step: step, Worker: -1, Err: errors.New("its exchange has no codec: it cannot cross processes")}
+			}
+			if err := e.codec.Check(); err != nil {
+				return st, &StepError{Step: step, Worker: -1, Err: fmt.Errorf("its items cannot cross processes: %w", err)}
+			}
+		}
+	}
+	total := r.total
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	r.fail = func(err error) { cancel(err) }
 
-	r := &run{cfg: cfg, start: time.Now()}
-	n := cfg.Workers
-	r.coord = &coordinator{frontier: make([]uint64, n), done: make([]bool, n), onCommit: cfg.OnCommit,
+	r.coord = &coordinator{frontier: make([]uint64, total), done: make([]bool, total), onCommit: cfg.OnCommit,
 		store: cfg.Store, crash: cfg.Crash, ctx: ctx, wakeWriter: make(chan struct{}, 1), meter: cfg.Meter,
-		fail: func(err error) { cancel(err) }}
+		fail: r.fail, transport: cfg.Transport, leader: r.base == 0}
 	r.coord.fl.budget, r.coord.fl.hook = cfg.MaxSnapshotBytesInFlight, cfg.OnInFlight
 	r.coord.committed.Store(cfg.StartEpoch - 1)
 	r.coord.requested = cfg.StartEpoch - 1
@@ -136,7 +177,7 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 	shared := make([]any, len(p.steps))
 	for i, s := range p.steps {
 		if s.Setup != nil {
-			v, err := s.Setup(ctx, n)
+			v, err := s.Setup(ctx, total)
 			if err != nil {
 				return st, &StepError{Step: s.ID, Worker: -1, Err: err}
 			}
@@ -146,10 +187,11 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 
 	workers := make([]*worker, n)
 	for i := range workers {
-		workers[i] = newWorker(r, p, i, n, shared)
+		workers[i] = newWorker(r, p, r.base+i, i, shared)
 	}
 	r.coord.workers = workers
-	wireMailboxes(p, workers)
+	r.workers = workers
+	r.wireMailboxes(workers)
 
 	// Build every node; on failure close what was built.
 	var buildErr error
@@ -170,6 +212,9 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 	}
 
 	st.Running = true
+	if cfg.Transport != nil {
+		cfg.Transport.Attach(r.handler(workers))
+	}
 	if cfg.Meter != nil {
 		cfg.Meter.begin(p, workers, cfg.StartEpoch-1)
 		defer cfg.Meter.end()
@@ -188,13 +233,10 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 			defer wg.Done()
 			select {
 			case <-cfg.Stop:
-				if cfg.StopWarning != "" {
-					cfg.Logger.Warn(cfg.StopWarning)
+				if cfg.Transport != nil {
+					cfg.Transport.SendStop()
 				}
-				r.stopping.Store(true)
-				for _, w := range workers {
-					w.wakeUp()
-				}
+				r.stop()
 			case <-ctx.Done():
 			}
 		}()
@@ -248,7 +290,9 @@ func (r *run) nextTick(now time.Time) time.Time {
 	return r.start.Add(k * iv)
 }
 
-func newWorker(r *run, p *plan, i, n int, shared []any) *worker {
+// newWorker makes the worker numbered i in the cluster, the local-th of this process.
+func newWorker(r *run, p *plan, i, local int, shared []any) *worker {
+	n := r.total
 	w := &worker{
 		r: r, p: p, index: i, total: n,
 		nodes:       make([]Node, len(p.steps)),
@@ -272,7 +316,7 @@ func newWorker(r *run, p *plan, i, n int, shared []any) *worker {
 		origin:      noOrigin,
 	}
 	if r.cfg.Meter != nil {
-		w.m = r.cfg.Meter.workers[i]
+		w.m = r.cfg.Meter.workers[local]
 	}
 	w.timer.Stop()
 	for d := range w.epoch {
@@ -286,25 +330,50 @@ func newWorker(r *run, p *plan, i, n int, shared []any) *worker {
 	return w
 }
 
-func wireMailboxes(p *plan, workers []*worker) {
+// wireMailboxes makes the channels of every exchange edge between this process's workers,
+// and in a cluster the ends of those from and to the other processes' workers: an exchange
+// routed by key connects every worker of the cluster to every other, a balancing one the
+// workers of each process, a forward channel a worker to itself.
+func (r *run) wireMailboxes(workers []*worker) {
 	n := len(workers)
-	for eid, e := range p.edges {
+	local := func(g int) *worker {
+		if g < r.base || g >= r.base+n {
+			return nil
+		}
+		return workers[g-r.base]
+	}
+	for eid, e := range r.p.edges {
 		if !e.channel {
 			continue
 		}
 		for _, w := range workers {
-			w.inbox[eid] = make([]*mailbox, n)
-			w.outbox[eid] = make([]*mailbox, n)
+			w.inbox[eid] = make([]*mailbox, r.total)
+			w.outbox[eid] = make([]*mailbox, r.total)
 		}
-		for _, recv := range workers {
-			for _, send := range workers {
-				if e.newRouter == nil && !e.balance && send != recv {
+		for rg := range r.total {
+			for sg := range r.total {
+				recv, send := local(rg), local(sg)
+				switch {
+				case recv == nil && send == nil:
+					continue
+				case e.newRouter == nil && !e.balance && sg != rg:
 					continue // forward channel: to self only
+				case e.balance && (recv == nil || send == nil):
+					continue // balancing: within the process
+				case recv != nil && send != nil:
+					mb := &mailbox{sender: send, recv: recv}
+					recv.inbox[eid][sg] = mb
+					send.outbox[eid][rg] = mb
+					send.outAll = append(send.outAll, mb)
+				case send != nil:
+					mb := &mailbox{out: &remoteOut{r: r, peer: rg / n, edge: eid, from: sg, to: rg, codec: e.codec,
+						router: send.routers[eid]}}
+					send.outbox[eid][rg] = mb
+					send.outAll = append(send.outAll, mb)
+				default:
+					recv.inbox[eid][sg] = &mailbox{recv: recv,
+						in: &remoteIn{t: r.cfg.Transport, peer: sg / n, edge: eid, from: sg, to: rg}}
 				}
-				mb := &mailbox{sender: send, recv: recv}
-				recv.inbox[eid][send.index] = mb
-				send.outbox[eid][recv.index] = mb
-				send.outAll = append(send.outAll, mb)
 			}
 		}
 	}

@@ -148,6 +148,9 @@ func (w *worker) leastLoaded(eid int) int {
 	best, bestN := -1, int32(0)
 	for i := range boxes {
 		d := (w.turn + i) % len(boxes)
+		if boxes[d] == nil {
+			continue // a worker of another process
+		}
 		if n := boxes[d].n.Load(); best < 0 || n < bestN {
 			best, bestN = d, n
 		}
@@ -332,6 +335,14 @@ func (w *worker) drain(d int) (bool, error) {
 						}
 						w.cur = edge.to
 						node := w.nodes[edge.to]
+						if mb.in != nil {
+							b, err := edge.codec.DecodeBatch(msg.batch.(encoded))
+							if err != nil {
+								return progress, w.wrap(edge.to, fmt.Errorf("decoding a batch from worker %d of process %d: %w",
+									mb.in.from, mb.in.peer, err))
+							}
+							msg.batch = b
+						}
 						if w.p.steps[edge.to].Outputs == 0 {
 							w.written += batchLen(msg.batch)
 						}
@@ -346,7 +357,11 @@ func (w *worker) drain(d int) (bool, error) {
 							return progress, w.wrap(edge.to, err)
 						}
 						if _, ok := node.(Consumer); ok && edge.newRouter != nil {
-							mb.sender.routers[eid].Recycle(msg.batch)
+							if mb.sender != nil {
+								mb.sender.routers[eid].Recycle(msg.batch)
+							} else {
+								w.routers[eid].Recycle(msg.batch)
+							}
 						}
 					case msgBarrier:
 						mb.reached = max(mb.reached, msg.epoch)
