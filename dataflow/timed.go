@@ -340,7 +340,13 @@ func (n *timedNode[V, S, W]) flush(epoch uint64) error {
 	}
 	out := n.out.out
 	n.out.out = nil
-	return n.env.Emit(0, epoch, out)
+	err := n.env.Emit(0, epoch, out)
+	if n.env.Reusable(0) {
+		// Every consumer is done with the batch: its memory takes the next one.
+		clear(out)
+		n.out.out = out[:0]
+	}
+	return err
 }
 
 // NextTime is the earliest wake-up of a system-time step (an event-time step is woken by its

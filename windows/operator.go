@@ -299,8 +299,7 @@ func apply[V, A, R any](name string, in dataflow.Stream[dataflow.KV[V]], clock d
 }
 
 func pick[V, R, T any](name string, in dataflow.Stream[dataflow.KV[out[V, R]]], kind outKind, conv func(dataflow.KV[out[V, R]]) T) dataflow.Stream[T] {
-	return dataflow.Transform(name, in, func(batch []dataflow.KV[out[V, R]]) ([]T, error) {
-		var res []T
+	return dataflow.TransformInto(name, in, func(batch []dataflow.KV[out[V, R]], res []T) ([]T, error) {
 		for _, kv := range batch {
 			if kv.Value.kind == kind {
 				res = append(res, conv(kv))
