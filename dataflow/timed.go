@@ -1,7 +1,7 @@
 package dataflow
 
 import (
-	"container/heap"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -80,30 +80,41 @@ const (
 	timedWmPrefix  = "w"
 )
 
+// timedEntry is a key's slot in a timed node's arena.
 type timedEntry[S any] struct {
 	state S
+	key   string
 	wake  int64 // the armed wake-up time, when armed
-	armed bool
-	// queued is the time of the key's earliest wake-up in the heap, when inQueue. A wake-up
+	// queued is the time of the key's earliest wake-up in the queue, when inQueue. A wake-up
 	// that moves later (a session extended by each of its items) pushes nothing: the entry
 	// already queued comes first, and advance queues it again at the key's wake then. Only an
-	// earlier one is pushed, so the heap takes a push per item only while wake-ups move earlier.
+	// earlier one is pushed, so the queue takes a push per item only while wake-ups move
+	// earlier.
 	queued    int64
+	armed     bool
 	inQueue   bool
 	dirty     bool
 	persisted bool
+	live      bool // the slot holds a key (else it is free)
 }
 
+// timedNode keeps its keys in an arena (a slice of entries, indexed from a map of the keys),
+// so that the wake-up queue names a key by its slot: popping a wake-up needs no map lookup, and
+// the queue holds no pointers. A key's slot is freed when its state is discarded; a wake-up
+// still queued for it is then stale, as it is when the key's wake-up moved.
 type timedNode[V, S, W any] struct {
 	env     *engine.Env
 	logic   TimedLogic[V, S, W]
 	codec   Codec[S]
 	system  bool
-	states  map[string]*timedEntry[S]
+	index   map[string]int32 // key -> slot
+	slots   []timedEntry[S]
+	free    []int32 // free slots
 	out     Emitter[W]
-	timers  wakeHeap
+	timers  wakeQueue
+	due     []wake // advance's scratch
 	track   bool
-	dirty   []string
+	dirty   []int32 // slots changed in the epoch (a slot may be listed again once reused)
 	deleted []string
 
 	senders []int64 // per upstream worker: its watermark
@@ -116,7 +127,7 @@ type timedNode[V, S, W any] struct {
 
 func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], system bool) (*timedNode[V, S, W], error) {
 	n := &timedNode[V, S, W]{env: env, logic: logic, codec: logic.Codec, system: system,
-		states: map[string]*timedEntry[S]{}, track: env.Recovery,
+		index: map[string]int32{}, track: env.Recovery,
 		senders: make([]int64, env.Workers), idle: make([]bool, env.Workers), wm: minTime, savedWm: minTime}
 	for i := range n.senders {
 		n.senders[i] = minTime
@@ -157,16 +168,39 @@ func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], syste
 			if err != nil {
 				return nil, fmt.Errorf("restoring state: %w", err)
 			}
-			n.states[key] = &timedEntry[S]{state: st, persisted: true}
+			slot := n.alloc(key)
+			n.index[key] = slot
+			e := &n.slots[slot]
+			e.state, e.persisted = st, true
 			restored = append(restored, key)
 		}
 	}
 	n.savedWm = n.wm
 	slices.Sort(restored)
 	for _, key := range restored {
-		n.arm(key, n.states[key])
+		n.arm(n.index[key])
 	}
 	return n, nil
+}
+
+// alloc takes a free slot for key (not yet in the index).
+func (n *timedNode[V, S, W]) alloc(key string) int32 {
+	var slot int32
+	if k := len(n.free); k > 0 {
+		slot = n.free[k-1]
+		n.free = n.free[:k-1]
+	} else {
+		n.slots = append(n.slots, timedEntry[S]{})
+		slot = int32(len(n.slots) - 1)
+	}
+	n.slots[slot] = timedEntry[S]{key: key, live: true}
+	return slot
+}
+
+// release frees a slot (its key is no longer in the index).
+func (n *timedNode[V, S, W]) release(slot int32) {
+	n.slots[slot] = timedEntry[S]{}
+	n.free = append(n.free, slot)
 }
 
 func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
@@ -205,17 +239,19 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 			}
 		}
 		kv := s.kv
-		e := n.states[kv.Key]
-		exists := e != nil
+		slot, exists := n.index[kv.Key]
 		if !exists {
-			e = &timedEntry[S]{}
+			slot = n.alloc(kv.Key)
 		}
 		n.out.key = kv.Key
-		keep, err := n.logic.OnItem(kv.Key, &e.state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
+		keep, err := n.logic.OnItem(kv.Key, &n.slots[slot].state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
 		if err != nil {
+			if !exists {
+				n.release(slot)
+			}
 			return ItemErr(kv, err)
 		}
-		n.settle(kv.Key, e, exists, keep)
+		n.settle(slot, exists, keep)
 	}
 	return n.flush(epoch)
 }
@@ -236,12 +272,21 @@ func (n *timedNode[V, S, W]) combined() int64 {
 }
 
 // advance moves the watermark to wm if that is later, and calls OnWatermark for every key whose
-// wake-up time it reached, in the order of their times.
-func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
+// wake-up time it reached, in the order of their times (keys due at the same time in the order
+// of the keys).
+func (n *timedNode[V, S, W]) advance(wm int64) error {
 	if wm <= n.wm {
 		return nil
 	}
 	n.wm = wm
+	if len(n.timers) == 0 || n.timers.min().at > wm {
+		return nil
+	}
+	return n.fire(wm)
+}
+
+// fire calls OnWatermark for the wake-ups due at wm.
+func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 	var cur string
 	defer func() {
 		if p := recover(); p != nil {
@@ -250,11 +295,11 @@ func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
 	}()
 	// Only the wake-ups due now are called; one that a call re-arms at or before wm is called
 	// at the next advance, so a logic that keeps asking for the past cannot hang the worker.
-	var due []wake
-	for len(n.timers) > 0 && n.timers[0].at <= wm {
-		t := heap.Pop(&n.timers).(wake)
-		e := n.states[t.key]
-		if e == nil || !e.inQueue || e.queued != t.at {
+	due := n.due[:0]
+	for len(n.timers) > 0 && n.timers.min().at <= wm {
+		t := n.timers.pop()
+		e := &n.slots[t.slot]
+		if !e.live || !e.inQueue || e.queued != t.at {
 			continue // stale: the key was dropped, or an earlier wake-up of it was queued since
 		}
 		e.inQueue = false
@@ -263,56 +308,73 @@ func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
 		}
 		if e.wake > t.at { // the wake-up moved later: queue it there (this loop takes it if due)
 			e.queued, e.inQueue = e.wake, true
-			heap.Push(&n.timers, wake{at: e.wake, key: t.key})
+			n.timers.push(wake{at: e.wake, slot: t.slot})
 			continue
 		}
 		due = append(due, t)
 	}
+	// A slot is due at most once (its other queued wake-ups are stale). No slot is freed and
+	// taken by another key while the due ones are called: only OnItem adds keys.
+	if len(due) > 1 {
+		slices.SortFunc(due, func(a, b wake) int {
+			if a.at != b.at {
+				return cmp.Compare(a.at, b.at)
+			}
+			return strings.Compare(n.slots[a.slot].key, n.slots[b.slot].key)
+		})
+	}
+	n.due = due
 	for _, t := range due {
-		e := n.states[t.key]
-		if e == nil || !e.armed || e.wake != t.at {
+		e := &n.slots[t.slot]
+		if !e.live || !e.armed || e.wake != t.at {
 			continue // stale
 		}
 		e.armed = false
 		if n.logic.OnWatermark == nil {
 			continue
 		}
-		cur = t.key
-		n.out.key = t.key
-		keep, err := n.logic.OnWatermark(t.key, &e.state, fromNanos(wm), &n.out)
+		cur = e.key
+		n.out.key = e.key
+		keep, err := n.logic.OnWatermark(e.key, &e.state, fromNanos(wm), &n.out)
 		if err != nil {
-			return userErr(fmt.Errorf("key %q: on watermark: %w", t.key, err))
+			return userErr(fmt.Errorf("key %q: on watermark: %w", cur, err))
 		}
-		n.settle(t.key, e, true, keep)
+		n.settle(t.slot, true, keep)
 	}
 	return nil
 }
 
-func (n *timedNode[V, S, W]) settle(key string, e *timedEntry[S], exists, keep bool) {
+// settle records what a call did to the key in slot: a key whose state is discarded leaves the
+// index (and a new one that is not kept never enters it), a kept one is marked changed and
+// armed again.
+func (n *timedNode[V, S, W]) settle(slot int32, exists, keep bool) {
+	e := &n.slots[slot]
 	if !keep {
 		if exists {
-			delete(n.states, key)
+			delete(n.index, e.key)
 			if n.track && e.persisted {
-				n.deleted = append(n.deleted, key)
+				n.deleted = append(n.deleted, e.key)
 			}
 		}
+		n.release(slot)
 		return
 	}
 	if n.track && !e.dirty {
 		e.dirty = true
-		n.dirty = append(n.dirty, key)
+		n.dirty = append(n.dirty, slot)
 	}
 	if !exists {
-		n.states[key] = e
+		n.index[e.key] = slot
 	}
-	n.arm(key, e)
+	n.arm(slot)
 }
 
-func (n *timedNode[V, S, W]) arm(key string, e *timedEntry[S]) {
+func (n *timedNode[V, S, W]) arm(slot int32) {
 	if n.logic.WakeAt == nil {
 		return
 	}
-	at := n.logic.WakeAt(key, &e.state)
+	e := &n.slots[slot]
+	at := n.logic.WakeAt(e.key, &e.state)
 	if at.IsZero() {
 		e.armed = false
 		return
@@ -324,7 +386,7 @@ func (n *timedNode[V, S, W]) arm(key string, e *timedEntry[S]) {
 	e.armed, e.wake = true, t
 	if !e.inQueue || t < e.queued {
 		e.queued, e.inQueue = t, true
-		heap.Push(&n.timers, wake{at: t, key: key})
+		n.timers.push(wake{at: t, slot: slot})
 	}
 }
 
@@ -355,7 +417,7 @@ func (n *timedNode[V, S, W]) NextTime() time.Time {
 	if !n.system || len(n.timers) == 0 || n.ended {
 		return time.Time{}
 	}
-	return fromNanos(n.timers[0].at)
+	return fromNanos(n.timers.min().at)
 }
 
 // OnTime moves a system-time step's watermark to now.
@@ -381,24 +443,24 @@ func (n *timedNode[V, S, W]) OnClose(epoch uint64) error {
 	if !n.track {
 		return nil
 	}
-	for _, key := range n.dirty {
-		e, ok := n.states[key]
-		if !ok || !e.dirty {
+	for _, slot := range n.dirty {
+		e := &n.slots[slot]
+		if !e.live || !e.dirty {
 			continue
 		}
 		b, err := n.codec.Encode(e.state)
 		if err != nil {
-			return fmt.Errorf("key %q: encoding state: %w", key, err)
+			return fmt.Errorf("key %q: encoding state: %w", e.key, err)
 		}
 		e.dirty, e.persisted = false, true
-		n.env.Save(epoch, timedKeyPrefix+key, b, false)
+		n.env.Save(epoch, timedKeyPrefix+e.key, b, false)
 	}
 	if len(n.deleted) > 1 {
 		slices.Sort(n.deleted)
 		n.deleted = slices.Compact(n.deleted)
 	}
 	for _, key := range n.deleted {
-		if _, ok := n.states[key]; !ok {
+		if _, ok := n.index[key]; !ok {
 			n.env.Save(epoch, timedKeyPrefix+key, nil, true)
 		}
 	}
@@ -415,26 +477,3 @@ func (n *timedNode[V, S, W]) OnClose(epoch uint64) error {
 func (n *timedNode[V, S, W]) ConsumesBatches() {}
 
 func (n *timedNode[V, S, W]) Close() error { return nil }
-
-type wake struct {
-	at  int64
-	key string
-}
-
-type wakeHeap []wake
-
-func (h wakeHeap) Len() int { return len(h) }
-func (h wakeHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].key < h[j].key
-}
-func (h wakeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *wakeHeap) Push(x any)   { *h = append(*h, x.(wake)) }
-func (h *wakeHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return t
-}
