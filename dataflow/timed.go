@@ -95,13 +95,21 @@ type timedEntry[S any] struct {
 	inQueue   bool
 	dirty     bool
 	persisted bool
-	live      bool // the slot holds a key (else it is free)
+	live      bool // the key has state (else the slot is vacant, or free when not indexed)
+	indexed   bool // the slot is the key's in the index
 }
 
 // timedNode keeps its keys in an arena (a slice of entries, indexed from a map of the keys),
 // so that the wake-up queue names a key by its slot: popping a wake-up needs no map lookup, and
-// the queue holds no pointers. A key's slot is freed when its state is discarded; a wake-up
-// still queued for it is then stale, as it is when the key's wake-up moved.
+// the queue holds no pointers.
+//
+// A key whose state is discarded keeps its slot, vacant, and its place in the index: a key
+// whose windows close and open again (most of them) then costs no map delete and insert each
+// time, which also keeps the index free of the tombstones that such churn leaves, and which
+// lengthen every lookup. Vacant slots are freed (sweep) once they outnumber twice the most
+// keys with state since the last sweep, so the arena holds at most about three times what the
+// step needed at its peak. A wake-up still queued for a vacant or freed slot is stale, as it
+// is when the key's wake-up moved.
 type timedNode[V, S, W any] struct {
 	env     *engine.Env
 	logic   TimedLogic[V, S, W]
@@ -110,6 +118,8 @@ type timedNode[V, S, W any] struct {
 	index   map[string]int32 // key -> slot
 	slots   []timedEntry[S]
 	free    []int32 // free slots
+	vacant  int     // indexed slots without state
+	peak    int     // the most keys with state since the last sweep
 	out     Emitter[W]
 	timers  wakeQueue
 	due     []wake // advance's scratch
@@ -169,9 +179,9 @@ func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], syste
 				return nil, fmt.Errorf("restoring state: %w", err)
 			}
 			slot := n.alloc(key)
-			n.index[key] = slot
 			e := &n.slots[slot]
 			e.state, e.persisted = st, true
+			n.enliven(e)
 			restored = append(restored, key)
 		}
 	}
@@ -183,7 +193,7 @@ func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], syste
 	return n, nil
 }
 
-// alloc takes a free slot for key (not yet in the index).
+// alloc takes a free slot for key (not in the index) and indexes it, vacant.
 func (n *timedNode[V, S, W]) alloc(key string) int32 {
 	var slot int32
 	if k := len(n.free); k > 0 {
@@ -193,14 +203,41 @@ func (n *timedNode[V, S, W]) alloc(key string) int32 {
 		n.slots = append(n.slots, timedEntry[S]{})
 		slot = int32(len(n.slots) - 1)
 	}
-	n.slots[slot] = timedEntry[S]{key: key, live: true}
+	n.slots[slot] = timedEntry[S]{key: key, indexed: true}
+	n.index[key] = slot
+	n.vacant++
 	return slot
 }
 
-// release frees a slot (its key is no longer in the index).
-func (n *timedNode[V, S, W]) release(slot int32) {
-	n.slots[slot] = timedEntry[S]{}
-	n.free = append(n.free, slot)
+// enliven marks a vacant slot as holding its key's state.
+func (n *timedNode[V, S, W]) enliven(e *timedEntry[S]) {
+	e.live = true
+	n.vacant--
+	n.peak = max(n.peak, len(n.index)-n.vacant)
+}
+
+// vacate discards the state of slot's key, keeping the slot for the key, and sweeps when the
+// vacant slots are too many.
+func (n *timedNode[V, S, W]) vacate(slot int32) {
+	e := &n.slots[slot]
+	*e = timedEntry[S]{key: e.key, indexed: true}
+	n.vacant++
+	if n.vacant > 2*n.peak+1024 {
+		n.sweep()
+	}
+}
+
+// sweep frees the vacant slots and drops their keys from the index.
+func (n *timedNode[V, S, W]) sweep() {
+	for key, slot := range n.index {
+		if !n.slots[slot].live {
+			delete(n.index, key)
+			n.slots[slot] = timedEntry[S]{}
+			n.free = append(n.free, slot)
+		}
+	}
+	n.vacant = 0
+	n.peak = len(n.index)
 }
 
 func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
@@ -239,16 +276,15 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 			}
 		}
 		kv := s.kv
-		slot, exists := n.index[kv.Key]
-		if !exists {
+		slot, ok := n.index[kv.Key]
+		if !ok {
 			slot = n.alloc(kv.Key)
 		}
+		e := &n.slots[slot]
+		exists := e.live
 		n.out.key = kv.Key
-		keep, err := n.logic.OnItem(kv.Key, &n.slots[slot].state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
+		keep, err := n.logic.OnItem(kv.Key, &e.state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
 		if err != nil {
-			if !exists {
-				n.release(slot)
-			}
 			return ItemErr(kv, err)
 		}
 		n.settle(slot, exists, keep)
@@ -344,27 +380,29 @@ func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 	return nil
 }
 
-// settle records what a call did to the key in slot: a key whose state is discarded leaves the
-// index (and a new one that is not kept never enters it), a kept one is marked changed and
-// armed again.
+// settle records what a call did to the key in slot: a key whose state is discarded is left
+// vacant (and a new one that is not kept stays so), a kept one is marked changed and armed
+// again.
 func (n *timedNode[V, S, W]) settle(slot int32, exists, keep bool) {
 	e := &n.slots[slot]
 	if !keep {
-		if exists {
-			delete(n.index, e.key)
-			if n.track && e.persisted {
-				n.deleted = append(n.deleted, e.key)
-			}
+		if exists && n.track && e.persisted {
+			n.deleted = append(n.deleted, e.key)
 		}
-		n.release(slot)
+		if exists {
+			n.vacate(slot)
+		} else {
+			var zero S
+			e.state = zero // what the call left in it
+		}
 		return
+	}
+	if !exists {
+		n.enliven(e)
 	}
 	if n.track && !e.dirty {
 		e.dirty = true
 		n.dirty = append(n.dirty, slot)
-	}
-	if !exists {
-		n.index[e.key] = slot
 	}
 	n.arm(slot)
 }
@@ -460,7 +498,7 @@ func (n *timedNode[V, S, W]) OnClose(epoch uint64) error {
 		n.deleted = slices.Compact(n.deleted)
 	}
 	for _, key := range n.deleted {
-		if _, ok := n.index[key]; !ok {
+		if slot, ok := n.index[key]; !ok || !n.slots[slot].live {
 			n.env.Save(epoch, timedKeyPrefix+key, nil, true)
 		}
 	}
