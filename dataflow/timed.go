@@ -80,11 +80,10 @@ const (
 	timedWmPrefix  = "w"
 )
 
-// timedEntry is a key's slot in a timed node's arena.
+// timedEntry is a key's slot in a timed node's arena: what every item of the key touches
+// first, then its state, then its key.
 type timedEntry[S any] struct {
-	state S
-	key   string
-	wake  int64 // the armed wake-up time, when armed
+	wake int64 // the armed wake-up time, when armed
 	// queued is the time of the key's earliest wake-up in the queue, when inQueue. A wake-up
 	// that moves later (a session extended by each of its items) pushes nothing: the entry
 	// already queued comes first, and advance queues it again at the key's wake then. Only an
@@ -97,6 +96,8 @@ type timedEntry[S any] struct {
 	persisted bool
 	live      bool // the key has state (else the slot is vacant, or free when not indexed)
 	indexed   bool // the slot is the key's in the index
+	state     S
+	key       string
 }
 
 // timedNode keeps its keys in an arena (a slice of entries, indexed from a map of the keys),
@@ -120,6 +121,9 @@ type timedNode[V, S, W any] struct {
 	free    []int32 // free slots
 	vacant  int     // indexed slots without state
 	peak    int     // the most keys with state since the last sweep
+	sweeps  int     // how many sweeps were made
+	found   []int32 // OnBatch's scratch: the slot of each item's key, or -1
+	touched int     // what OnBatch read of the slots it found (so that it is read)
 	out     Emitter[W]
 	timers  wakeQueue
 	due     []wake // advance's scratch
@@ -238,10 +242,12 @@ func (n *timedNode[V, S, W]) sweep() {
 	}
 	n.vacant = 0
 	n.peak = len(n.index)
+	n.sweeps++
 }
 
 func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 	items := batch.([]stamped[V])
+	found, sweeps := n.lookUp(items), n.sweeps
 	i := 0
 	defer func() {
 		if p := recover(); p != nil {
@@ -276,9 +282,14 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 			}
 		}
 		kv := s.kv
-		slot, ok := n.index[kv.Key]
-		if !ok {
-			slot = n.alloc(kv.Key)
+		slot := found[i]
+		if slot < 0 || n.sweeps != sweeps {
+			// A key new in the batch (an item before may have added it), or a sweep may have
+			// freed the slot found.
+			var ok bool
+			if slot, ok = n.index[kv.Key]; !ok {
+				slot = n.alloc(kv.Key)
+			}
 		}
 		e := &n.slots[slot]
 		exists := e.live
@@ -290,6 +301,30 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 		n.settle(slot, exists, keep)
 	}
 	return n.flush(epoch)
+}
+
+// lookUp finds the slots of the keys of a batch's items (-1 for a key not indexed, or not an
+// item). The lookups are independent of each other, so in a loop of their own the processor
+// overlaps their cache misses, and those of the slots (which it reads), where a loop that
+// handles each item in between could not: with many keys, most of the time of an item is
+// spent waiting for its key's map group and slot.
+func (n *timedNode[V, S, W]) lookUp(items []stamped[V]) []int32 {
+	found := n.found[:0]
+	touched := 0
+	for k := range items {
+		slot := int32(-1)
+		if items[k].kind == envItem {
+			if s, ok := n.index[items[k].kv.Key]; ok {
+				slot = s
+				if n.slots[s].live {
+					touched++
+				}
+			}
+		}
+		found = append(found, slot)
+	}
+	n.found, n.touched = found, touched
+	return found
 }
 
 // combined is the minimum watermark of the upstream workers that are not idle (the current
