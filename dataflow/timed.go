@@ -350,7 +350,7 @@ func (n *timedNode[V, S, W]) advance(wm int64) error {
 		return nil
 	}
 	n.wm = wm
-	if len(n.timers) == 0 || n.timers.min().at > wm {
+	if n.timers.len() == 0 || n.timers.min() > wm {
 		return nil
 	}
 	return n.fire(wm)
@@ -367,8 +367,11 @@ func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 	// Only the wake-ups due now are called; one that a call re-arms at or before wm is called
 	// at the next advance, so a logic that keeps asking for the past cannot hang the worker.
 	due := n.due[:0]
-	for len(n.timers) > 0 && n.timers.min().at <= wm {
-		t := n.timers.pop()
+	for {
+		t, ok := n.timers.popDue(wm)
+		if !ok {
+			break
+		}
 		e := &n.slots[t.slot]
 		if !e.live || !e.inQueue || e.queued != t.at {
 			continue // stale: the key was dropped, or an earlier wake-up of it was queued since
@@ -487,10 +490,10 @@ func (n *timedNode[V, S, W]) flush(epoch uint64) error {
 // NextTime is the earliest wake-up of a system-time step (an event-time step is woken by its
 // marks instead).
 func (n *timedNode[V, S, W]) NextTime() time.Time {
-	if !n.system || len(n.timers) == 0 || n.ended {
+	if !n.system || n.timers.len() == 0 || n.ended {
 		return time.Time{}
 	}
-	return fromNanos(n.timers.min().at)
+	return fromNanos(n.timers.min())
 }
 
 // OnTime moves a system-time step's watermark to now.

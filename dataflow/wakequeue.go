@@ -1,5 +1,10 @@
 package dataflow
 
+import (
+	"math"
+	"slices"
+)
+
 // wake is a queued wake-up of a StatefulTime step's key: its time and the key's slot in the
 // node's arena.
 type wake struct {
@@ -16,15 +21,100 @@ func (a wake) before(b wake) bool {
 	return a.slot < b.slot
 }
 
-// wakeQueue is a 4-ary min-heap of wake-ups, without pointers (the garbage collector does not
-// scan it) and without the interface calls of container/heap: a push or pop costs about half
-// the levels of a binary heap, each level a few integer comparisons.
-type wakeQueue []wake
+// wakeQueue holds the wake-ups of a timed node's keys in two tiers, as the top rungs of a
+// ladder queue: near, a heap of those before horizon, and far, an unsorted list of the others,
+// appended to. When near runs dry and the earliest of far is due, a refill moves the earliest
+// eighth or so of far to near (and every one that is due). So a wake-up far ahead costs an
+// append, and a few sequential scans of far until it comes near, instead of a push into and a
+// pop out of a heap of every key, whose lower levels miss the caches: with a hundred thousand
+// keys each re-queued as its session grows, that pop was most of the cost of a wake-up.
+// Neither tier holds pointers.
+//
+// Every wake-up in near is before horizon and every one in far is at or after it, so the
+// earliest is near's, or far's when near is empty.
+type wakeQueue struct {
+	near    wakeHeap
+	far     []wake
+	horizon int64 // near holds the wake-ups before it, far the others
+	farMin  int64 // the earliest time in far, when far is not empty
+	sample  []int64
+}
 
-// min is the earliest wake-up; the queue must not be empty.
-func (q wakeQueue) min() wake { return q[0] }
+// len is the number of queued wake-ups.
+func (q *wakeQueue) len() int { return len(q.near) + len(q.far) }
+
+// min is the earliest time queued; the queue must not be empty.
+func (q *wakeQueue) min() int64 {
+	if len(q.near) > 0 {
+		return q.near[0].at
+	}
+	return q.farMin
+}
 
 func (q *wakeQueue) push(w wake) {
+	if w.at < q.horizon {
+		q.near.push(w)
+		return
+	}
+	if len(q.far) == 0 || w.at < q.farMin {
+		q.farMin = w.at
+	}
+	q.far = append(q.far, w)
+}
+
+// popDue removes and returns the earliest wake-up if it is at or before wm, in the order of
+// wake.before.
+func (q *wakeQueue) popDue(wm int64) (wake, bool) {
+	if len(q.near) == 0 {
+		if len(q.far) == 0 || q.farMin > wm {
+			return wake{}, false
+		}
+		q.refill(wm)
+	}
+	if q.near[0].at > wm {
+		return wake{}, false
+	}
+	return q.near.pop(), true
+}
+
+// refill moves the earliest wake-ups of far to near, which is empty: every one at or before wm,
+// and about an eighth of far (estimated from a sample of it), so that each wake-up is scanned
+// a few times before it comes near.
+func (q *wakeQueue) refill(wm int64) {
+	h := int64(math.MaxInt64)
+	if len(q.far) > 64 {
+		// Times of 64 evenly spread wake-ups; the 8th smallest estimates the eighth.
+		s := q.sample[:0]
+		step := len(q.far) / 64
+		for i := range 64 {
+			s = append(s, q.far[i*step].at)
+		}
+		slices.Sort(s)
+		q.sample = s
+		h = s[8]
+	}
+	if wm < math.MaxInt64 {
+		h = max(h, wm+1)
+	}
+	kept := q.far[:0]
+	farMin := int64(math.MaxInt64)
+	for _, w := range q.far {
+		if w.at < h || w.at <= wm {
+			q.near.push(w)
+			continue
+		}
+		kept = append(kept, w)
+		farMin = min(farMin, w.at)
+	}
+	q.far, q.farMin, q.horizon = kept, farMin, h
+}
+
+// wakeHeap is a 4-ary min-heap of wake-ups, without the interface calls of container/heap:
+// a push or pop costs about half the levels of a binary heap, each level a few integer
+// comparisons.
+type wakeHeap []wake
+
+func (q *wakeHeap) push(w wake) {
 	h := append(*q, w)
 	i := len(h) - 1
 	for i > 0 {
@@ -39,8 +129,8 @@ func (q *wakeQueue) push(w wake) {
 	*q = h
 }
 
-// pop removes and returns the earliest wake-up; the queue must not be empty.
-func (q *wakeQueue) pop() wake {
+// pop removes and returns the earliest wake-up; the heap must not be empty.
+func (q *wakeHeap) pop() wake {
 	h := *q
 	top := h[0]
 	n := len(h) - 1
