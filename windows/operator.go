@@ -393,7 +393,7 @@ func (k *kernel[V, A, R]) onItem(key string, st *keyState[A], _ bool, item V, at
 	} else {
 		// The kernel is shared by the step's workers: nothing of a call is kept in it.
 		var arr [4]span
-		for _, s := range k.w.assign(t, arr[:0]) {
+		for _, s := range assign(k.w, t, arr[:0]) {
 			if addSat(s.end, k.late) <= wm {
 				e.Emit(out[V, R]{kind: outLate, win: s, item: item, at: t})
 				e.CountLate()
