@@ -126,10 +126,12 @@ type timedNode[V, S, W any] struct {
 	touched int     // what OnBatch read of the slots it found (so that it is read)
 	out     Emitter[W]
 	timers  wakeQueue
-	due     []wake // advance's scratch
-	track   bool
-	dirty   []int32 // slots changed in the epoch (a slot may be listed again once reused)
-	deleted []string
+	// refreshFn is refresh, made once (a method value made at each call would be allocated).
+	refreshFn func(wake) (int64, bool)
+	due       []wake // advance's scratch
+	track     bool
+	dirty     []int32 // slots changed in the epoch (a slot may be listed again once reused)
+	deleted   []string
 
 	senders []int64 // per upstream worker: its watermark
 	idle    []bool  // per upstream worker: idle
@@ -146,6 +148,7 @@ func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], syste
 	for i := range n.senders {
 		n.senders[i] = minTime
 	}
+	n.refreshFn = n.refresh
 	if m, _ := env.Ctx.Value(metricsKey{}).(*Monitor); m != nil {
 		n.lateMet = m.late
 	}
@@ -368,7 +371,7 @@ func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 	// at the next advance, so a logic that keeps asking for the past cannot hang the worker.
 	due := n.due[:0]
 	for {
-		t, ok := n.timers.popDue(wm)
+		t, ok := n.timers.popDue(wm, n.refreshFn)
 		if !ok {
 			break
 		}
@@ -416,6 +419,25 @@ func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 		n.settle(t.slot, true, keep)
 	}
 	return nil
+}
+
+// refresh tells the wake-up queue when a wake-up it is about to bring near is due: later when
+// the key's wake-up moved later (it is queued there now), or never when it is stale. It is
+// what the loop of fire does with a wake-up popped.
+func (n *timedNode[V, S, W]) refresh(t wake) (int64, bool) {
+	e := &n.slots[t.slot]
+	if !e.live || !e.inQueue || e.queued != t.at {
+		return 0, false
+	}
+	if !e.armed {
+		e.inQueue = false
+		return 0, false
+	}
+	if e.wake > t.at {
+		e.queued = e.wake
+		return e.wake, true
+	}
+	return t.at, true
 }
 
 // settle records what a call did to the key in slot: a key whose state is discarded is left

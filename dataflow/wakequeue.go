@@ -63,13 +63,15 @@ func (q *wakeQueue) push(w wake) {
 }
 
 // popDue removes and returns the earliest wake-up if it is at or before wm, in the order of
-// wake.before.
-func (q *wakeQueue) popDue(wm int64) (wake, bool) {
-	if len(q.near) == 0 {
+// wake.before. A refill passes each wake-up that comes near to refresh, which returns the
+// time it is due now, later if it moved (it is then queued there), or false if it is no longer
+// wanted (it is dropped).
+func (q *wakeQueue) popDue(wm int64, refresh func(wake) (int64, bool)) (wake, bool) {
+	for len(q.near) == 0 {
 		if len(q.far) == 0 || q.farMin > wm {
 			return wake{}, false
 		}
-		q.refill(wm)
+		q.refill(wm, refresh)
 	}
 	if q.near[0].at > wm {
 		return wake{}, false
@@ -79,8 +81,10 @@ func (q *wakeQueue) popDue(wm int64) (wake, bool) {
 
 // refill moves the earliest wake-ups of far to near, which is empty: every one at or before wm,
 // and about an eighth of far (estimated from a sample of it), so that each wake-up is scanned
-// a few times before it comes near.
-func (q *wakeQueue) refill(wm int64) {
+// a few times before it comes near. Those that refresh moves past the new horizon stay far,
+// so a wake-up that keeps moving later (a session that grows) costs no heap push or pop, and
+// the misses of refresh (the key's slot) overlap in a loop.
+func (q *wakeQueue) refill(wm int64, refresh func(wake) (int64, bool)) {
 	h := int64(math.MaxInt64)
 	if len(q.far) > 64 {
 		// Times of 64 evenly spread wake-ups; the 8th smallest estimates the eighth.
@@ -100,8 +104,15 @@ func (q *wakeQueue) refill(wm int64) {
 	farMin := int64(math.MaxInt64)
 	for _, w := range q.far {
 		if w.at < h || w.at <= wm {
-			q.near.push(w)
-			continue
+			at, ok := refresh(w)
+			if !ok {
+				continue
+			}
+			w.at = at
+			if w.at < h || w.at <= wm {
+				q.near.push(w)
+				continue
+			}
 		}
 		kept = append(kept, w)
 		farMin = min(farMin, w.at)
