@@ -128,7 +128,7 @@ type timedNode[V, S, W any] struct {
 	timers  wakeQueue
 	// refreshFn is refresh, made once (a method value made at each call would be allocated).
 	refreshFn func(wake) (int64, bool)
-	due       []wake // advance's scratch
+	due       []dueWake // fire's scratch
 	track     bool
 	dirty     []int32 // slots changed in the epoch (a slot may be listed again once reused)
 	deleted   []string
@@ -388,16 +388,16 @@ func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 			n.timers.push(wake{at: e.wake, slot: t.slot})
 			continue
 		}
-		due = append(due, t)
+		due = append(due, dueWake{at: t.at, key: e.key, slot: t.slot})
 	}
 	// A slot is due at most once (its other queued wake-ups are stale). No slot is freed and
 	// taken by another key while the due ones are called: only OnItem adds keys.
 	if len(due) > 1 {
-		slices.SortFunc(due, func(a, b wake) int {
+		slices.SortFunc(due, func(a, b dueWake) int {
 			if a.at != b.at {
 				return cmp.Compare(a.at, b.at)
 			}
-			return strings.Compare(n.slots[a.slot].key, n.slots[b.slot].key)
+			return strings.Compare(a.key, b.key)
 		})
 	}
 	n.due = due
@@ -438,6 +438,14 @@ func (n *timedNode[V, S, W]) refresh(t wake) (int64, bool) {
 		return e.wake, true
 	}
 	return t.at, true
+}
+
+// dueWake is a wake-up that fire calls, with its key to sort by (in the slot, each comparison
+// of the sort would miss the caches).
+type dueWake struct {
+	at   int64
+	key  string
+	slot int32
 }
 
 // settle records what a call did to the key in slot: a key whose state is discarded is left
