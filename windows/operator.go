@@ -436,6 +436,16 @@ func (k *kernel[V, A, R]) session(key string, st *keyState[A], item V, t, wm, g 
 		i, _ := slices.BinarySearchFunc(wins, t, func(w winState[A], start int64) int { return cmpInt(w.Start, start) })
 		st.insert(i, winState[A]{ID: t, Start: t, End: proto.end, Acc: k.open(key, proto)})
 		first = i
+	} else if first == last {
+		// The item extends one session (the common case): in place.
+		m := &wins[first]
+		if m.Fired {
+			m.Changed = false // as below
+		}
+		if t < m.Start {
+			m.Start, m.ID = t, t
+		}
+		m.End = max(m.End, proto.end)
 	} else {
 		// Sessions overlap the item only in a run (they do not overlap each other).
 		m := wins[first]
@@ -460,9 +470,7 @@ func (k *kernel[V, A, R]) session(key string, st *keyState[A], item V, t, wm, g 
 			m.Start, m.ID = t, t
 		}
 		m.End = max(m.End, proto.end)
-		if last > first {
-			st.shrink(len(slices.Delete(wins, first+1, last+1)))
-		}
+		st.shrink(len(slices.Delete(wins, first+1, last+1)))
 		st.wins()[first] = m
 	}
 	w := &st.wins()[first]
