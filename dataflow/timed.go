@@ -94,8 +94,7 @@ type timedEntry[S any] struct {
 	inQueue   bool
 	dirty     bool
 	persisted bool
-	live      bool // the key has state (else the slot is vacant, or free when not indexed)
-	indexed   bool // the slot is the key's in the index
+	live      bool // the key has state (else its slot is vacant; or free, out of the index)
 	state     S
 	key       string
 }
@@ -108,8 +107,9 @@ type timedEntry[S any] struct {
 // whose windows close and open again (most of them) then costs no map delete and insert each
 // time, which also keeps the index free of the tombstones that such churn leaves, and which
 // lengthen every lookup. Vacant slots are freed (sweep) once they outnumber twice the most
-// keys with state since the last sweep, so the arena holds at most about three times what the
-// step needed at its peak. A wake-up still queued for a vacant or freed slot is stale, as it
+// keys with state since the last sweep (plus 1024), so the arena holds at most about three
+// times what the step needed at its peak, and a sweep's cost is spread over the vacates that
+// led to it. A wake-up still queued for a vacant or freed slot is stale, as it
 // is when the key's wake-up moved.
 type timedNode[V, S, W any] struct {
 	env     *engine.Env
@@ -210,7 +210,7 @@ func (n *timedNode[V, S, W]) alloc(key string) int32 {
 		n.slots = append(n.slots, timedEntry[S]{})
 		slot = int32(len(n.slots) - 1)
 	}
-	n.slots[slot] = timedEntry[S]{key: key, indexed: true}
+	n.slots[slot] = timedEntry[S]{key: key}
 	n.index[key] = slot
 	n.vacant++
 	return slot
@@ -227,7 +227,7 @@ func (n *timedNode[V, S, W]) enliven(e *timedEntry[S]) {
 // vacant slots are too many.
 func (n *timedNode[V, S, W]) vacate(slot int32) {
 	e := &n.slots[slot]
-	*e = timedEntry[S]{key: e.key, indexed: true}
+	*e = timedEntry[S]{key: e.key}
 	n.vacant++
 	if n.vacant > 2*n.peak+1024 {
 		n.sweep()
@@ -299,6 +299,10 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 		n.out.key = kv.Key
 		keep, err := n.logic.OnItem(kv.Key, &e.state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
 		if err != nil {
+			if !exists {
+				var zero S
+				e.state = zero // a vacant slot holds the zero state
+			}
 			return ItemErr(kv, err)
 		}
 		n.settle(slot, exists, keep)
