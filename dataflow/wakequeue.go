@@ -12,8 +12,8 @@ type wake struct {
 	slot int32
 }
 
-// before orders wake-ups by time, then by slot (which keeps the queue's order independent of
-// how it was built, not the order of the calls: the node sorts what is due by key).
+// before orders wake-ups by time, then by slot, so that the order in which they leave the queue
+// does not depend on the order in which they came (the node sorts what is due by key anyway).
 func (a wake) before(b wake) bool {
 	if a.at != b.at {
 		return a.at < b.at
@@ -35,9 +35,9 @@ func (a wake) before(b wake) bool {
 type wakeQueue struct {
 	near    wakeHeap
 	far     []wake
-	horizon int64 // near holds the wake-ups before it, far the others
-	farMin  int64 // the earliest time in far, when far is not empty
-	sample  []int64
+	horizon int64   // near holds the wake-ups before it, far the others
+	farMin  int64   // the earliest time in far, when far is not empty
+	sample  []int64 // refill's scratch
 }
 
 // len is the number of queued wake-ups.
@@ -51,6 +51,7 @@ func (q *wakeQueue) min() int64 {
 	return q.farMin
 }
 
+// push queues w.
 func (q *wakeQueue) push(w wake) {
 	if w.at < q.horizon {
 		q.near.push(w)
