@@ -112,20 +112,19 @@ type timedEntry[S any] struct {
 // led to it. A wake-up still queued for a vacant or freed slot is stale, as it
 // is when the key's wake-up moved.
 type timedNode[V, S, W any] struct {
-	env     *engine.Env
-	logic   TimedLogic[V, S, W]
-	codec   Codec[S]
-	system  bool
-	index   map[string]int32 // key -> slot
-	slots   []timedEntry[S]
-	free    []int32 // free slots
-	vacant  int     // indexed slots without state
-	peak    int     // the most keys with state since the last sweep
-	sweeps  int     // how many sweeps were made
-	found   []int32 // OnBatch's scratch: the slot of each item's key, or -1
-	touched int     // what OnBatch read of the slots it found (so that it is read)
-	out     Emitter[W]
-	timers  wakeQueue
+	env    *engine.Env
+	logic  TimedLogic[V, S, W]
+	codec  Codec[S]
+	system bool
+	index  map[string]int32 // key -> slot
+	slots  []timedEntry[S]
+	free   []int32 // free slots
+	vacant int     // indexed slots without state
+	peak   int     // the most keys with state since the last sweep
+	sweeps int     // how many sweeps were made
+	found  []int32 // OnBatch's scratch: the slot of each item's key, or -1
+	out    Emitter[W]
+	timers wakeQueue
 	// refreshFn is refresh, made once (a method value made at each call would be allocated).
 	refreshFn func(wake) (int64, bool)
 	due       []dueWake // fire's scratch
@@ -312,25 +311,21 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 
 // lookUp finds the slots of the keys of a batch's items (-1 for a key not indexed, or not an
 // item). The lookups are independent of each other, so in a loop of their own the processor
-// overlaps their cache misses, and those of the slots (which it reads), where a loop that
-// handles each item in between could not: with many keys, most of the time of an item is
-// spent waiting for its key's map group and slot.
+// overlaps their cache misses, where a loop that handles each item in between could not: with
+// many keys, most of the time of a lookup is spent waiting for the key and its map group.
+// (Reading each slot found in the same loop, to overlap its miss too, gained nothing.)
 func (n *timedNode[V, S, W]) lookUp(items []stamped[V]) []int32 {
 	found := n.found[:0]
-	touched := 0
 	for k := range items {
 		slot := int32(-1)
 		if items[k].kind == envItem {
 			if s, ok := n.index[items[k].kv.Key]; ok {
 				slot = s
-				if n.slots[s].live {
-					touched++
-				}
 			}
 		}
 		found = append(found, slot)
 	}
-	n.found, n.touched = found, touched
+	n.found = found
 	return found
 }
 
