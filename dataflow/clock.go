@@ -134,6 +134,14 @@ func (r *stampRouter[V]) add(d uint64, s stamped[V]) {
 }
 
 func (r *stampRouter[V]) Route(batch any) error {
+	if r.total == 1 {
+		// One worker takes everything, in order: no key to hash.
+		if r.bufs[0] == nil {
+			r.bufs[0] = r.pool.get()
+		}
+		r.bufs[0] = append(r.bufs[0], batch.([]stamped[V])...)
+		return nil
+	}
 	for _, s := range batch.([]stamped[V]) {
 		if s.kind == envItem {
 			r.add(KeyHash(s.kv.Key)%r.total, s)

@@ -1,7 +1,7 @@
 package dataflow
 
 import (
-	"container/heap"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -81,31 +81,57 @@ const (
 	timedWmPrefix  = "w"
 )
 
+// timedEntry is a key's slot in a timed node's arena: what every item of the key touches
+// first, then its state, then its key.
 type timedEntry[S any] struct {
-	state S
-	wake  int64 // the armed wake-up time, when armed
-	armed bool
-	// queued is the time of the key's earliest wake-up in the heap, when inQueue. A wake-up
+	wake int64 // the armed wake-up time, when armed
+	// queued is the time of the key's earliest wake-up in the queue, when inQueue. A wake-up
 	// that moves later (a session extended by each of its items) pushes nothing: the entry
 	// already queued comes first, and advance queues it again at the key's wake then. Only an
-	// earlier one is pushed, so the heap takes a push per item only while wake-ups move earlier.
+	// earlier one is pushed, so the queue takes a push per item only while wake-ups move
+	// earlier.
 	queued    int64
+	armed     bool
 	inQueue   bool
 	dirty     bool
 	persisted bool
+	live      bool // the key has state (else its slot is vacant; or free, out of the index)
+	state     S
+	key       string
 }
 
+// timedNode keeps its keys in an arena (a slice of entries, indexed from a map of the keys),
+// so that the wake-up queue names a key by its slot: popping a wake-up needs no map lookup, and
+// the queue holds no pointers.
+//
+// A key whose state is discarded keeps its slot, vacant, and its place in the index: a key
+// whose windows close and open again (most of them) then costs no map delete and insert each
+// time, which also keeps the index free of the tombstones that such churn leaves, and which
+// lengthen every lookup. Vacant slots are freed (sweep) once they outnumber twice the most
+// keys with state since the last sweep (plus 1024), so the arena holds at most about three
+// times what the step needed at its peak, and a sweep's cost is spread over the vacates that
+// led to it. A wake-up still queued for a vacant or freed slot is stale, as it
+// is when the key's wake-up moved.
 type timedNode[V, S, W any] struct {
-	env     *engine.Env
-	logic   TimedLogic[V, S, W]
-	codec   Codec[S]
-	system  bool
-	states  map[string]*timedEntry[S]
-	out     Emitter[W]
-	timers  wakeHeap
-	track   bool
-	dirty   []string
-	deleted []string
+	env    *engine.Env
+	logic  TimedLogic[V, S, W]
+	codec  Codec[S]
+	system bool
+	index  map[string]int32 // key -> slot
+	slots  []timedEntry[S]
+	free   []int32 // free slots
+	vacant int     // indexed slots without state
+	peak   int     // the most keys with state since the last sweep
+	sweeps int     // how many sweeps were made
+	found  []int32 // OnBatch's scratch: the slot of each item's key, or -1
+	out    Emitter[W]
+	timers wakeQueue
+	// refreshFn is refresh, made once (a method value made at each call would be allocated).
+	refreshFn func(wake) (int64, bool)
+	due       []dueWake // fire's scratch
+	track     bool
+	dirty     []int32 // slots changed in the epoch (a slot may be listed again once reused)
+	deleted   []string
 
 	senders []int64 // per upstream worker: its watermark
 	idle    []bool  // per upstream worker: idle
@@ -117,11 +143,12 @@ type timedNode[V, S, W any] struct {
 
 func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], system bool) (*timedNode[V, S, W], error) {
 	n := &timedNode[V, S, W]{env: env, logic: logic, codec: logic.Codec, system: system,
-		states: map[string]*timedEntry[S]{}, track: env.Recovery,
+		index: map[string]int32{}, track: env.Recovery,
 		senders: make([]int64, env.Workers), idle: make([]bool, env.Workers), wm: minTime, savedWm: minTime}
 	for i := range n.senders {
 		n.senders[i] = minTime
 	}
+	n.refreshFn = n.refresh
 	if m, _ := env.Ctx.Value(metricsKey{}).(*Monitor); m != nil {
 		n.lateMet = m.late
 	}
@@ -158,20 +185,72 @@ func newTimedNode[V, S, W any](env *engine.Env, logic TimedLogic[V, S, W], syste
 			if err != nil {
 				return nil, fmt.Errorf("restoring state: %w", err)
 			}
-			n.states[key] = &timedEntry[S]{state: st, persisted: true}
+			slot := n.alloc(key)
+			e := &n.slots[slot]
+			e.state, e.persisted = st, true
+			n.enliven(e)
 			restored = append(restored, key)
 		}
 	}
 	n.savedWm = n.wm
 	slices.Sort(restored)
 	for _, key := range restored {
-		n.arm(key, n.states[key])
+		n.arm(n.index[key])
 	}
 	return n, nil
 }
 
+// alloc takes a free slot for key (not in the index) and indexes it, vacant.
+func (n *timedNode[V, S, W]) alloc(key string) int32 {
+	var slot int32
+	if k := len(n.free); k > 0 {
+		slot = n.free[k-1]
+		n.free = n.free[:k-1]
+	} else {
+		n.slots = append(n.slots, timedEntry[S]{})
+		slot = int32(len(n.slots) - 1)
+	}
+	n.slots[slot] = timedEntry[S]{key: key}
+	n.index[key] = slot
+	n.vacant++
+	return slot
+}
+
+// enliven marks a vacant slot as holding its key's state.
+func (n *timedNode[V, S, W]) enliven(e *timedEntry[S]) {
+	e.live = true
+	n.vacant--
+	n.peak = max(n.peak, len(n.index)-n.vacant)
+}
+
+// vacate discards the state of slot's key, keeping the slot for the key, and sweeps when the
+// vacant slots are too many.
+func (n *timedNode[V, S, W]) vacate(slot int32) {
+	e := &n.slots[slot]
+	*e = timedEntry[S]{key: e.key}
+	n.vacant++
+	if n.vacant > 2*n.peak+1024 {
+		n.sweep()
+	}
+}
+
+// sweep frees the vacant slots and drops their keys from the index.
+func (n *timedNode[V, S, W]) sweep() {
+	for key, slot := range n.index {
+		if !n.slots[slot].live {
+			delete(n.index, key)
+			n.slots[slot] = timedEntry[S]{}
+			n.free = append(n.free, slot)
+		}
+	}
+	n.vacant = 0
+	n.peak = len(n.index)
+	n.sweeps++
+}
+
 func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 	items := batch.([]stamped[V])
+	found, sweeps := n.lookUp(items), n.sweeps
 	i := 0
 	defer func() {
 		if p := recover(); p != nil {
@@ -206,19 +285,49 @@ func (n *timedNode[V, S, W]) OnBatch(_ int, epoch uint64, batch any) (err error)
 			}
 		}
 		kv := s.kv
-		e := n.states[kv.Key]
-		exists := e != nil
-		if !exists {
-			e = &timedEntry[S]{}
+		slot := found[i]
+		if slot < 0 || n.sweeps != sweeps {
+			// A key new in the batch (an item before may have added it), or a sweep may have
+			// freed the slot found.
+			var ok bool
+			if slot, ok = n.index[kv.Key]; !ok {
+				slot = n.alloc(kv.Key)
+			}
 		}
+		e := &n.slots[slot]
+		exists := e.live
 		n.out.key = kv.Key
 		keep, err := n.logic.OnItem(kv.Key, &e.state, exists, kv.Value, fromNanos(s.ts), fromNanos(n.wm), &n.out)
 		if err != nil {
+			if !exists {
+				var zero S
+				e.state = zero // a vacant slot holds the zero state
+			}
 			return ItemErr(kv, err)
 		}
-		n.settle(kv.Key, e, exists, keep)
+		n.settle(slot, exists, keep)
 	}
 	return n.flush(epoch)
+}
+
+// lookUp finds the slots of the keys of a batch's items (-1 for a key not indexed, or not an
+// item). The lookups are independent of each other, so in a loop of their own the processor
+// overlaps their cache misses, where a loop that handles each item in between could not: with
+// many keys, most of the time of a lookup is spent waiting for the key and its map group.
+// (Reading each slot found in the same loop, to overlap its miss too, gained nothing.)
+func (n *timedNode[V, S, W]) lookUp(items []stamped[V]) []int32 {
+	found := n.found[:0]
+	for k := range items {
+		slot := int32(-1)
+		if items[k].kind == envItem {
+			if s, ok := n.index[items[k].kv.Key]; ok {
+				slot = s
+			}
+		}
+		found = append(found, slot)
+	}
+	n.found = found
+	return found
 }
 
 // combined is the minimum watermark of the upstream workers that are not idle (the current
@@ -237,12 +346,21 @@ func (n *timedNode[V, S, W]) combined() int64 {
 }
 
 // advance moves the watermark to wm if that is later, and calls OnWatermark for every key whose
-// wake-up time it reached, in the order of their times.
-func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
+// wake-up time it reached, in the order of their times (keys due at the same time in the order
+// of the keys).
+func (n *timedNode[V, S, W]) advance(wm int64) error {
 	if wm <= n.wm {
 		return nil
 	}
 	n.wm = wm
+	if n.timers.len() == 0 || n.timers.min() > wm {
+		return nil
+	}
+	return n.fire(wm)
+}
+
+// fire calls OnWatermark for the wake-ups due at wm.
+func (n *timedNode[V, S, W]) fire(wm int64) (err error) {
 	var cur string
 	defer func() {
 		if p := recover(); p != nil {
@@ -251,11 +369,14 @@ func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
 	}()
 	// Only the wake-ups due now are called; one that a call re-arms at or before wm is called
 	// at the next advance, so a logic that keeps asking for the past cannot hang the worker.
-	var due []wake
-	for len(n.timers) > 0 && n.timers[0].at <= wm {
-		t := heap.Pop(&n.timers).(wake)
-		e := n.states[t.key]
-		if e == nil || !e.inQueue || e.queued != t.at {
+	due := n.due[:0]
+	for {
+		t, ok := n.timers.popDue(wm, n.refreshFn)
+		if !ok {
+			break
+		}
+		e := &n.slots[t.slot]
+		if !e.live || !e.inQueue || e.queued != t.at {
 			continue // stale: the key was dropped, or an earlier wake-up of it was queued since
 		}
 		e.inQueue = false
@@ -264,56 +385,102 @@ func (n *timedNode[V, S, W]) advance(wm int64) (err error) {
 		}
 		if e.wake > t.at { // the wake-up moved later: queue it there (this loop takes it if due)
 			e.queued, e.inQueue = e.wake, true
-			heap.Push(&n.timers, wake{at: e.wake, key: t.key})
+			n.timers.push(wake{at: e.wake, slot: t.slot})
 			continue
 		}
-		due = append(due, t)
+		due = append(due, dueWake{at: t.at, key: e.key, slot: t.slot})
 	}
+	// A slot is due at most once (its other queued wake-ups are stale). No slot is freed and
+	// taken by another key while the due ones are called: only OnItem adds keys.
+	if len(due) > 1 {
+		slices.SortFunc(due, func(a, b dueWake) int {
+			if a.at != b.at {
+				return cmp.Compare(a.at, b.at)
+			}
+			return strings.Compare(a.key, b.key)
+		})
+	}
+	n.due = due
 	for _, t := range due {
-		e := n.states[t.key]
-		if e == nil || !e.armed || e.wake != t.at {
+		e := &n.slots[t.slot]
+		if !e.live || !e.armed || e.wake != t.at {
 			continue // stale
 		}
 		e.armed = false
 		if n.logic.OnWatermark == nil {
 			continue
 		}
-		cur = t.key
-		n.out.key = t.key
-		keep, err := n.logic.OnWatermark(t.key, &e.state, fromNanos(wm), &n.out)
+		cur = e.key
+		n.out.key = e.key
+		keep, err := n.logic.OnWatermark(e.key, &e.state, fromNanos(wm), &n.out)
 		if err != nil {
-			return userErr(fmt.Errorf("key %q: on watermark: %w", t.key, err))
+			return userErr(fmt.Errorf("key %q: on watermark: %w", cur, err))
 		}
-		n.settle(t.key, e, true, keep)
+		n.settle(t.slot, true, keep)
 	}
 	return nil
 }
 
-func (n *timedNode[V, S, W]) settle(key string, e *timedEntry[S], exists, keep bool) {
+// refresh tells the wake-up queue when a wake-up it is about to bring near is due: later when
+// the key's wake-up moved later (it is queued there now), or never when it is stale. It is
+// what the loop of fire does with a wake-up popped.
+func (n *timedNode[V, S, W]) refresh(t wake) (int64, bool) {
+	e := &n.slots[t.slot]
+	if !e.live || !e.inQueue || e.queued != t.at {
+		return 0, false
+	}
+	if !e.armed {
+		e.inQueue = false
+		return 0, false
+	}
+	if e.wake > t.at {
+		e.queued = e.wake
+		return e.wake, true
+	}
+	return t.at, true
+}
+
+// dueWake is a wake-up that fire calls, with its key to sort by (in the slot, each comparison
+// of the sort would miss the caches).
+type dueWake struct {
+	at   int64
+	key  string
+	slot int32
+}
+
+// settle records what a call did to the key in slot: a key whose state is discarded is left
+// vacant (and a new one that is not kept stays so), a kept one is marked changed and armed
+// again.
+func (n *timedNode[V, S, W]) settle(slot int32, exists, keep bool) {
+	e := &n.slots[slot]
 	if !keep {
+		if exists && n.track && e.persisted {
+			n.deleted = append(n.deleted, e.key)
+		}
 		if exists {
-			delete(n.states, key)
-			if n.track && e.persisted {
-				n.deleted = append(n.deleted, key)
-			}
+			n.vacate(slot)
+		} else {
+			var zero S
+			e.state = zero // what the call left in it
 		}
 		return
 	}
+	if !exists {
+		n.enliven(e)
+	}
 	if n.track && !e.dirty {
 		e.dirty = true
-		n.dirty = append(n.dirty, key)
+		n.dirty = append(n.dirty, slot)
 	}
-	if !exists {
-		n.states[key] = e
-	}
-	n.arm(key, e)
+	n.arm(slot)
 }
 
-func (n *timedNode[V, S, W]) arm(key string, e *timedEntry[S]) {
+func (n *timedNode[V, S, W]) arm(slot int32) {
 	if n.logic.WakeAt == nil {
 		return
 	}
-	at := n.logic.WakeAt(key, &e.state)
+	e := &n.slots[slot]
+	at := n.logic.WakeAt(e.key, &e.state)
 	if at.IsZero() {
 		e.armed = false
 		return
@@ -325,7 +492,7 @@ func (n *timedNode[V, S, W]) arm(key string, e *timedEntry[S]) {
 	e.armed, e.wake = true, t
 	if !e.inQueue || t < e.queued {
 		e.queued, e.inQueue = t, true
-		heap.Push(&n.timers, wake{at: t, key: key})
+		n.timers.push(wake{at: t, slot: slot})
 	}
 }
 
@@ -341,16 +508,22 @@ func (n *timedNode[V, S, W]) flush(epoch uint64) error {
 	}
 	out := n.out.out
 	n.out.out = nil
-	return n.env.Emit(0, epoch, out)
+	err := n.env.Emit(0, epoch, out)
+	if n.env.Reusable(0) {
+		// Every consumer is done with the batch: its memory takes the next one.
+		clear(out)
+		n.out.out = out[:0]
+	}
+	return err
 }
 
 // NextTime is the earliest wake-up of a system-time step (an event-time step is woken by its
 // marks instead).
 func (n *timedNode[V, S, W]) NextTime() time.Time {
-	if !n.system || len(n.timers) == 0 || n.ended {
+	if !n.system || n.timers.len() == 0 || n.ended {
 		return time.Time{}
 	}
-	return fromNanos(n.timers[0].at)
+	return fromNanos(n.timers.min())
 }
 
 // OnTime moves a system-time step's watermark to now.
@@ -376,24 +549,24 @@ func (n *timedNode[V, S, W]) OnClose(epoch uint64) error {
 	if !n.track {
 		return nil
 	}
-	for _, key := range n.dirty {
-		e, ok := n.states[key]
-		if !ok || !e.dirty {
+	for _, slot := range n.dirty {
+		e := &n.slots[slot]
+		if !e.live || !e.dirty {
 			continue
 		}
 		b, err := n.codec.Encode(e.state)
 		if err != nil {
-			return fmt.Errorf("key %q: encoding state: %w", key, err)
+			return fmt.Errorf("key %q: encoding state: %w", e.key, err)
 		}
 		e.dirty, e.persisted = false, true
-		n.env.Save(epoch, timedKeyPrefix+key, b, false)
+		n.env.Save(epoch, timedKeyPrefix+e.key, b, false)
 	}
 	if len(n.deleted) > 1 {
 		slices.Sort(n.deleted)
 		n.deleted = slices.Compact(n.deleted)
 	}
 	for _, key := range n.deleted {
-		if _, ok := n.states[key]; !ok {
+		if slot, ok := n.index[key]; !ok || !n.slots[slot].live {
 			n.env.Save(epoch, timedKeyPrefix+key, nil, true)
 		}
 	}
@@ -410,26 +583,3 @@ func (n *timedNode[V, S, W]) OnClose(epoch uint64) error {
 func (n *timedNode[V, S, W]) ConsumesBatches() {}
 
 func (n *timedNode[V, S, W]) Close() error { return nil }
-
-type wake struct {
-	at  int64
-	key string
-}
-
-type wakeHeap []wake
-
-func (h wakeHeap) Len() int { return len(h) }
-func (h wakeHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].key < h[j].key
-}
-func (h wakeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *wakeHeap) Push(x any)   { *h = append(*h, x.(wake)) }
-func (h *wakeHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return t
-}

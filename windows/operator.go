@@ -48,8 +48,8 @@ type winWire struct {
 type stateCodec[A any] struct{ acc dataflow.Codec[A] }
 
 func (c stateCodec[A]) Encode(st keyState[A]) ([]byte, error) {
-	wins := make([]winWire, len(st.Wins))
-	for i, w := range st.Wins {
+	wins := make([]winWire, st.n)
+	for i, w := range st.wins() {
 		b, err := c.acc.Encode(w.Acc)
 		if err != nil {
 			return nil, fmt.Errorf("window %v: encoding the accumulator: %w", span{w.ID, w.Start, w.End}.window(), err)
@@ -69,15 +69,17 @@ func (c stateCodec[A]) Decode(key string, data []byte) (keyState[A], error) {
 	if err := json.Unmarshal(data, &wins); err != nil {
 		return keyState[A]{}, fmt.Errorf("key %q: decoding the windows: %w", key, err)
 	}
-	st := keyState[A]{Wins: make([]winState[A], len(wins))}
+	ws := make([]winState[A], len(wins))
 	for i, w := range wins {
 		acc, err := c.acc.Decode(key, w.Acc)
 		if err != nil {
 			return keyState[A]{}, fmt.Errorf("key %q: window %v: decoding the accumulator: %w", key, span{w.ID, w.Start, w.End}.window(), err)
 		}
-		st.Wins[i] = winState[A]{ID: w.ID, Start: w.Start, End: w.End, Acc: acc, N: w.N, Emits: w.Emits,
+		ws[i] = winState[A]{ID: w.ID, Start: w.Start, End: w.End, Acc: acc, N: w.N, Emits: w.Emits,
 			Fired: w.Fired, Due: w.Due, Changed: w.Changed, NextEarly: w.NextEarly}
 	}
+	var st keyState[A]
+	st.load(ws)
 	return st, nil
 }
 
@@ -90,9 +92,23 @@ func (c stateCodec[A]) Check() error {
 	return nil
 }
 
-// defaultStateCodec stores a key's windows as JSON; its Check says, when A cannot round-trip,
-// to give Logic a Codec.
-type defaultStateCodec[A any] struct{ dataflow.Codec[keyState[A]] }
+// defaultStateCodec stores a key's windows as JSON (storedWins); its Check says, when A cannot
+// round-trip, to give Logic a Codec.
+type defaultStateCodec[A any] struct{ wire dataflow.Codec[storedWins[A]] }
+
+func (c defaultStateCodec[A]) Encode(st keyState[A]) ([]byte, error) {
+	return c.wire.Encode(st.stored())
+}
+
+func (c defaultStateCodec[A]) Decode(key string, data []byte) (keyState[A], error) {
+	w, err := c.wire.Decode(key, data)
+	if err != nil {
+		return keyState[A]{}, err
+	}
+	var st keyState[A]
+	st.load(w.Wins)
+	return st, nil
+}
 
 func (defaultStateCodec[A]) Check() error {
 	if err := dataflow.CheckCodec[A](); err != nil {
@@ -106,7 +122,7 @@ func codecFor[V, A, R any](logic Logic[V, A, R]) dataflow.Codec[keyState[A]] {
 	if logic.Codec != nil {
 		return stateCodec[A]{acc: logic.Codec}
 	}
-	return defaultStateCodec[A]{dataflow.DefaultCodec[keyState[A]]()}
+	return defaultStateCodec[A]{dataflow.DefaultCodec[storedWins[A]]()}
 }
 
 // Options tune a windowed step. The zero value emits one result per window, when the watermark
@@ -193,11 +209,6 @@ type winState[A any] struct {
 	Due            bool  // a final result (or an update) is still to be emitted
 	Changed        bool  // items came since the last result
 	NextEarly      int64 // when the next early result is due (with Options.Early)
-}
-
-// keyState is a key's open windows, by start.
-type keyState[A any] struct {
-	Wins []winState[A]
 }
 
 type outKind uint8
@@ -299,8 +310,7 @@ func apply[V, A, R any](name string, in dataflow.Stream[dataflow.KV[V]], clock d
 }
 
 func pick[V, R, T any](name string, in dataflow.Stream[dataflow.KV[out[V, R]]], kind outKind, conv func(dataflow.KV[out[V, R]]) T) dataflow.Stream[T] {
-	return dataflow.Transform(name, in, func(batch []dataflow.KV[out[V, R]]) ([]T, error) {
-		var res []T
+	return dataflow.TransformInto(name, in, func(batch []dataflow.KV[out[V, R]], res []T) ([]T, error) {
 		for _, kv := range batch {
 			if kv.Value.kind == kind {
 				res = append(res, conv(kv))
@@ -383,32 +393,33 @@ func (k *kernel[V, A, R]) onItem(key string, st *keyState[A], _ bool, item V, at
 	} else {
 		// The kernel is shared by the step's workers: nothing of a call is kept in it.
 		var arr [4]span
-		for _, s := range k.w.assign(t, arr[:0]) {
+		for _, s := range assign(k.w, t, arr[:0]) {
 			if addSat(s.end, k.late) <= wm {
 				e.Emit(out[V, R]{kind: outLate, win: s, item: item, at: t})
 				e.CountLate()
 				continue
 			}
-			i, found := slices.BinarySearchFunc(st.Wins, s.start, func(w winState[A], start int64) int {
+			i, found := slices.BinarySearchFunc(st.wins(), s.start, func(w winState[A], start int64) int {
 				return cmpInt(w.Start, start)
 			})
 			if !found {
-				st.Wins = slices.Insert(st.Wins, i, winState[A]{ID: s.id, Start: s.start, End: s.end, Acc: k.open(key, s)})
+				st.insert(i, winState[A]{ID: s.id, Start: s.start, End: s.end, Acc: k.open(key, s)})
 			}
-			w := &st.Wins[i]
+			w := &st.wins()[i]
 			w.Acc = k.logic.Add(w.Acc, item)
 			w.N++
 			k.added(key, w, wm, e)
 		}
 	}
-	return len(st.Wins) > 0, nil
+	return st.n > 0, nil
 }
 
 // session adds an item to the session it extends, merging the sessions it bridges.
 func (k *kernel[V, A, R]) session(key string, st *keyState[A], item V, t, wm, g int64, e *dataflow.Emitter[out[V, R]]) {
 	proto := span{id: t, start: t, end: addSat(t, g)}
 	first, last := -1, -1
-	for i, w := range st.Wins {
+	wins := st.wins()
+	for i, w := range wins {
 		if w.Start < proto.end && t < w.End {
 			if first < 0 {
 				first = i
@@ -422,13 +433,23 @@ func (k *kernel[V, A, R]) session(key string, st *keyState[A], item V, t, wm, g 
 			e.CountLate()
 			return
 		}
-		i, _ := slices.BinarySearchFunc(st.Wins, t, func(w winState[A], start int64) int { return cmpInt(w.Start, start) })
-		st.Wins = slices.Insert(st.Wins, i, winState[A]{ID: t, Start: t, End: proto.end, Acc: k.open(key, proto)})
-		first, last = i, i
+		i, _ := slices.BinarySearchFunc(wins, t, func(w winState[A], start int64) int { return cmpInt(w.Start, start) })
+		st.insert(i, winState[A]{ID: t, Start: t, End: proto.end, Acc: k.open(key, proto)})
+		first = i
+	} else if first == last {
+		// The item extends one session (the common case): in place.
+		m := &wins[first]
+		if m.Fired {
+			m.Changed = false // as below
+		}
+		if t < m.Start {
+			m.Start, m.ID = t, t
+		}
+		m.End = max(m.End, proto.end)
 	} else {
 		// Sessions overlap the item only in a run (they do not overlap each other).
-		m := st.Wins[first]
-		for _, w := range st.Wins[first+1 : last+1] {
+		m := wins[first]
+		for _, w := range wins[first+1 : last+1] {
 			m.Acc = k.logic.Merge(m.Acc, w.Acc)
 			m.End = max(m.End, w.End)
 			m.N += w.N
@@ -449,10 +470,10 @@ func (k *kernel[V, A, R]) session(key string, st *keyState[A], item V, t, wm, g 
 			m.Start, m.ID = t, t
 		}
 		m.End = max(m.End, proto.end)
-		st.Wins = slices.Delete(st.Wins, first+1, last+1)
-		st.Wins[first] = m
+		st.shrink(len(slices.Delete(wins, first+1, last+1)))
+		st.wins()[first] = m
 	}
-	w := &st.Wins[first]
+	w := &st.wins()[first]
 	w.Acc = k.logic.Add(w.Acc, item)
 	w.N++
 	k.added(key, w, wm, e)
@@ -460,7 +481,7 @@ func (k *kernel[V, A, R]) session(key string, st *keyState[A], item V, t, wm, g 
 
 func (k *kernel[V, A, R]) wakeAt(_ string, st *keyState[A]) time.Time {
 	next, armed := int64(0), false
-	for _, w := range st.Wins {
+	for _, w := range st.wins() {
 		at := addSat(w.End, k.late)
 		if w.Due {
 			at = w.End
@@ -480,9 +501,10 @@ func (k *kernel[V, A, R]) wakeAt(_ string, st *keyState[A]) time.Time {
 
 func (k *kernel[V, A, R]) onWatermark(key string, st *keyState[A], wmT time.Time, e *dataflow.Emitter[out[V, R]]) (bool, error) {
 	wm := wmT.UnixNano()
-	kept := st.Wins[:0]
-	for i := range st.Wins {
-		w := &st.Wins[i]
+	wins := st.wins()
+	kept := 0
+	for i := range wins {
+		w := &wins[i]
 		if w.Due && w.End <= wm {
 			k.emit(key, w, e)
 		} else if w.Due && w.Changed && k.early > 0 && w.NextEarly <= wm {
@@ -492,11 +514,11 @@ func (k *kernel[V, A, R]) onWatermark(key string, st *keyState[A], wmT time.Time
 			e.Emit(out[V, R]{kind: outMeta, win: span{id: w.ID, start: w.Start, end: w.End}, items: w.N, emits: w.Emits})
 			continue
 		}
-		kept = append(kept, *w)
+		wins[kept] = *w
+		kept++
 	}
-	clear(st.Wins[len(kept):])
-	st.Wins = kept
-	return len(st.Wins) > 0, nil
+	st.shrink(kept)
+	return kept > 0, nil
 }
 
 func cmpInt(a, b int64) int {

@@ -40,6 +40,20 @@ type Windower interface {
 	String() string
 }
 
+// assign is w.assign called on the concrete types of the windowers that assign (Tumbling and
+// Sliding; Session assigns none): through the interface, into would escape to the heap, which
+// costs an allocation per item. The Windowers are this package's only (its methods are
+// unexported).
+func assign(w Windower, t int64, into []span) []span {
+	switch w := w.(type) {
+	case tumbling:
+		return w.assign(t, into)
+	case sliding:
+		return w.assign(t, into)
+	}
+	return into
+}
+
 // Tumbling returns windows of length that follow each other without gaps or overlaps, aligned
 // to origin: [origin + k*length, origin + (k+1)*length) for every integer k. Each item is in
 // exactly one window.
