@@ -1,6 +1,7 @@
 // Package cluster carries a flow's exchanges, frontier reports and commit announcements between
 // the processes of a cluster over gRPC: one bidirectional stream per pair of processes, opened
-// by the higher-numbered process, authenticated by a shared secret before gRPC speaks, and
+// by the higher-numbered process, authenticated (a shared secret, mutual TLS or both) before
+// gRPC speaks, and
 // tagged with the execution number in every frame. It knows nothing of the engine: the engine
 // hands it encoded batches and gets them back through a Handler.
 package cluster
@@ -49,8 +50,10 @@ type Config struct {
 	Addresses []string
 	// Process is this process's number (an index of Addresses); process 0 leads.
 	Process int
-	// Secret is the shared secret every process proves it knows.
+	// Secret is the shared secret every process proves it knows; it may be empty with TLS.
 	Secret []byte
+	// TLS, when not nil, runs every connection over mutual TLS (see TLS).
+	TLS *TLS
 	// Workers is the number of workers of each process; every process must have the same.
 	Workers int
 	// PeerTimeout is how long a peer may stay silent (heartbeats are sent at a quarter of it)
@@ -140,8 +143,8 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.Process < 0 || cfg.Process >= n {
 		return nil, fmt.Errorf("process %d is not one of the %d addresses", cfg.Process, n)
 	}
-	if len(cfg.Secret) == 0 {
-		return nil, errors.New("a cluster of several processes needs a secret")
+	if len(cfg.Secret) == 0 && cfg.TLS == nil {
+		return nil, errors.New("a cluster of several processes needs a secret or TLS")
 	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout
@@ -168,7 +171,7 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("listening on %s (process %d's address): %w", self, cfg.Process, err)
 	}
 	t.lis = lis
-	t.srv = grpc.NewServer(grpc.Creds(&creds{secret: cfg.Secret, self: cfg.Process, log: t.log}),
+	t.srv = grpc.NewServer(grpc.Creds(&creds{secret: cfg.Secret, self: cfg.Process, log: t.log, tls: cfg.TLS, addrs: cfg.Addresses}),
 		grpc.ForceServerCodecV2(codec{}), grpc.ConnectionTimeout(handshakeMax), grpc.MaxRecvMsgSize(maxFrame))
 	t.srv.RegisterService(&grpc.ServiceDesc{ServiceName: "epochflow.Cluster", HandlerType: (*any)(nil),
 		Streams: []grpc.StreamDesc{{StreamName: "Exchange", Handler: t.serve, ServerStreams: true, ClientStreams: true}}}, t)
@@ -263,7 +266,8 @@ func peerReady(peers []*peerConn) <-chan struct{} {
 // dial opens the stream to a lower-numbered process, retrying with backoff until deadline.
 func (t *Transport) dial(ctx context.Context, p *peerConn, deadline time.Time) error {
 	cc, err := grpc.NewClient("passthrough:///"+p.addr,
-		grpc.WithTransportCredentials(&creds{secret: t.cfg.Secret, self: t.cfg.Process, to: p.id, log: t.log}),
+		grpc.WithTransportCredentials(&creds{secret: t.cfg.Secret, self: t.cfg.Process, to: p.id, log: t.log,
+			tls: t.cfg.TLS, addrs: t.cfg.Addresses}),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(maxFrame)),
 		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: handshakeMax,
 			Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
