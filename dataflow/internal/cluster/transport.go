@@ -1,9 +1,8 @@
 // Package cluster carries a flow's exchanges, frontier reports and commit announcements between
 // the processes of a cluster over gRPC: one bidirectional stream per pair of processes, opened
 // by the higher-numbered process, authenticated (a shared secret, mutual TLS or both) before
-// gRPC speaks, and
-// tagged with the execution number in every frame. It knows nothing of the engine: the engine
-// hands it encoded batches and gets them back through a Handler.
+// gRPC speaks, and tagged with the execution number in every frame. It knows nothing of the
+// engine: the engine hands it encoded batches and gets them back through a Handler.
 package cluster
 
 import (
@@ -165,7 +164,8 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 		}
 	}
 	self := cfg.Addresses[cfg.Process]
-	lis, err := net.Listen("tcp", self)
+	deadline := time.Now().Add(cfg.StartTimeout)
+	lis, err := listen(ctx, t.log, self, deadline)
 	if err != nil {
 		t.cancel()
 		return nil, fmt.Errorf("listening on %s (process %d's address): %w", self, cfg.Process, err)
@@ -188,7 +188,6 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 		}
 		close(t.execKnown)
 	}
-	deadline := time.Now().Add(cfg.StartTimeout)
 	for j := range cfg.Process {
 		if err := t.dial(ctx, t.peers[j], deadline); err != nil {
 			t.shutdown()
@@ -201,6 +200,33 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	t.log.Info("connected to every peer", "processes", n, "execution", t.exec)
 	return t, nil
+}
+
+// listen listens on this process's address. While its host name does not resolve (a pod of a
+// StatefulSet starts before its DNS record is published), it retries with backoff until
+// deadline, logging the wait.
+func listen(ctx context.Context, log *slog.Logger, self string, deadline time.Time) (net.Listener, error) {
+	wait := 50 * time.Millisecond
+	var logged time.Time
+	for {
+		lis, err := net.Listen("tcp", self)
+		var dnsErr *net.DNSError
+		if err == nil || !errors.As(err, &dnsErr) || time.Now().Add(wait).After(deadline) {
+			return lis, err
+		}
+		if time.Since(logged) > 2*time.Second {
+			log.Info("waiting for this process's address to resolve", "address", self, "error", err.Error())
+			logged = time.Now()
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		}
+		wait = min(wait*2, time.Second)
+	}
 }
 
 // Process is this process's number.
