@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/cluster"
@@ -148,6 +149,10 @@ func (r *batchReader) count() int {
 
 func appendCodec[V any]() AppendCodec[V] { return DefaultCodec[V]().(AppendCodec[V]) }
 
+// encodedItems counts the items encoded for other processes, by every run of the process (for
+// benchmarks: see export_test.go).
+var encodedItems atomic.Uint64
+
 // kvCodec encodes the batches of a keyed exchange.
 type kvCodec[V any] struct{ c AppendCodec[V] }
 
@@ -155,6 +160,7 @@ func kvBatchCodec[V any]() engine.BatchCodec { return kvCodec[V]{appendCodec[V](
 
 func (k kvCodec[V]) AppendBatch(dst []byte, batch any) ([]byte, error) {
 	b := batch.([]KV[V])
+	encodedItems.Add(uint64(len(b)))
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	var err error
 	for _, kv := range b {
@@ -195,6 +201,7 @@ func itemBatchCodec[T any]() engine.BatchCodec { return itemCodec[T]{appendCodec
 
 func (k itemCodec[T]) AppendBatch(dst []byte, batch any) ([]byte, error) {
 	b := batch.([]T)
+	encodedItems.Add(uint64(len(b)))
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	var err error
 	for _, item := range b {
@@ -233,6 +240,7 @@ func stampBatchCodec[V any]() engine.BatchCodec { return stampCodec[V]{appendCod
 
 func (k stampCodec[V]) AppendBatch(dst []byte, batch any) ([]byte, error) {
 	b := batch.([]stamped[V])
+	encodedItems.Add(uint64(len(b)))
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	var err error
 	for _, s := range b {
