@@ -5,12 +5,16 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -143,7 +147,8 @@ func sortedCounts(items []dataflow.KV[int]) []string {
 
 // With mutual TLS and no secret, 3 processes x 2 workers give the word count of one process;
 // strangers that connect while process 0 waits for its last peer (a TLS client without a
-// certificate, one with a certificate of another CA, plain TCP garbage, a gRPC client without
+// certificate, one with a certificate of another CA, one with a certificate of the cluster's CA
+// for another host than the process it says it is, plain TCP garbage, a gRPC client without
 // credentials) are refused, each refusal is logged, and the output is unaffected.
 func TestClusterMutualTLS(t *testing.T) {
 	lines := benchText(30_000, 500, 12, false)
@@ -210,6 +215,37 @@ func TestClusterMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	stranger("a TLS client with a certificate of another CA", &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{pair}})
+
+	// A certificate of the cluster's CA, but for another host than process 1's, used by a
+	// client that says it is process 1 (and completes the handshake, whose secret is empty).
+	wc, wk := ca.issue(t, "127.0.0.9")
+	wrong, err := tls.X509KeyPair(wc, wk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tc, err := tls.Dial("tcp", addrs[0], &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{wrong}}); err == nil {
+		tc.SetDeadline(time.Now().Add(10 * time.Second))
+		hello := make([]byte, 6+16)
+		if _, err := io.ReadFull(tc, hello); err == nil {
+			nonceS, nonceC := hello[6:], make([]byte, 16)
+			ids := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, 1), 0)
+			m := hmac.New(sha256.New, nil)
+			for _, b := range [][]byte{[]byte("client"), nonceS, nonceC, ids} {
+				m.Write(b)
+			}
+			msg := append(append(append([]byte("EFLW1\n"), ids...), nonceC...), m.Sum(nil)...)
+			tc.Write(msg)
+			if _, err := io.ReadFull(tc, make([]byte, 32)); err == nil {
+				t.Error("a client whose certificate is not valid for process 1's host got the server's proof")
+			}
+		}
+		tc.Close()
+	}
+	n++
+	waitFor(t, 30*time.Second, "the refusal of a certificate for another host", func() bool { return refusals() >= n })
+	if !strings.Contains(logs[0].String(), "not valid for that process's host") {
+		t.Errorf("the refusal does not say that the certificate is not valid for the process's host:\n%s", logs[0].String())
+	}
 
 	c, err := net.Dial("tcp", addrs[0])
 	if err != nil {

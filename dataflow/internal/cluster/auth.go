@@ -135,22 +135,20 @@ func (c *creds) serverHandshake(conn net.Conn) (net.Conn, int, error) {
 	conn.SetDeadline(time.Now().Add(handshakeMax))
 	defer conn.SetDeadline(time.Time{})
 	if c.tls == nil {
-		from, err := c.secretHandshake(conn)
+		from, err := c.secretHandshake(conn, nil)
 		return conn, from, err
 	}
 	tc := tls.Server(conn, c.tls.server())
 	if err := tc.Handshake(); err != nil {
 		return conn, 0, fmt.Errorf("TLS handshake: %w", err)
 	}
-	from, err := c.secretHandshake(tc)
-	if err == nil {
-		err = checkClientName(tc, c.addrs, from)
-	}
+	from, err := c.secretHandshake(tc, func(from int) error { return checkClientName(tc, c.addrs, from) })
 	return tc, from, err
 }
 
-// secretHandshake is the server's side of the secret handshake.
-func (c *creds) secretHandshake(conn net.Conn) (int, error) {
+// secretHandshake is the server's side of the secret handshake; check, if not nil, may refuse
+// the dialer's process before the server proves itself.
+func (c *creds) secretHandshake(conn net.Conn, check func(from int) error) (int, error) {
 	nonceS := make([]byte, nonceLen)
 	rand.Read(nonceS)
 	if _, err := conn.Write(append([]byte(magic), nonceS...)); err != nil {
@@ -174,6 +172,11 @@ func (c *creds) secretHandshake(conn net.Conn) (int, error) {
 	}
 	if to != c.self {
 		return 0, fmt.Errorf("it wants process %d, this is process %d (the -addresses lists differ)", to, c.self)
+	}
+	if check != nil {
+		if err := check(from); err != nil {
+			return 0, err
+		}
 	}
 	if _, err := conn.Write(mac(c.secret, "server", nonceS, nonceC, from, to)); err != nil {
 		return 0, fmt.Errorf("writing the proof: %w", err)
