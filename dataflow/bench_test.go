@@ -157,10 +157,18 @@ func BenchmarkWordcount(b *testing.B) {
 	// little; these two send every word to the worker that owns it (KeyOn, then StatefulMap).
 	b.Run("workers=2,exchange", func(b *testing.B) {
 		exchange := func(s dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow { return exchangeFlow(small(), 2, s) }
+		var most usage
+		var cpu time.Duration
 		for b.Loop() {
 			sum := &sumSink{}
-			if err := dataflow.Run(context.Background(), exchange(dataflow.ToDynamic[dataflow.KV[int]](sum)),
-				dataflow.Options{Workers: 2, EpochInterval: time.Second}); err != nil {
+			var err error
+			u := measure(func() {
+				err = dataflow.Run(context.Background(), exchange(dataflow.ToDynamic[dataflow.KV[int]](sum)),
+					dataflow.Options{Workers: 2, EpochInterval: time.Second})
+			})
+			most.rss, most.live = max(most.rss, u.rss), max(most.live, u.live)
+			cpu += u.cpu
+			if err != nil {
 				b.Fatal(err)
 			}
 			if n := sum.n.Load(); n != int64(words) {
@@ -170,6 +178,9 @@ func BenchmarkWordcount(b *testing.B) {
 		runs["workers=2,exchange"] = append(runs["workers=2,exchange"],
 			flowResult{eventsPerSec: float64(words) * float64(b.N) / b.Elapsed().Seconds()})
 		b.ReportMetric(runs["workers=2,exchange"][len(runs["workers=2,exchange"])-1].eventsPerSec, "events/s")
+		b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/op")
+		b.ReportMetric(float64(most.rss)/(1<<20), "peak-rss-MB")
+		b.ReportMetric(float64(most.live)/(1<<20), "peak-live-MB")
 	})
 	b.Run("processes=2,exchange", func(b *testing.B) {
 		runs["processes=2,exchange"] = append(runs["processes=2,exchange"], benchCluster(b, words, 2, time.Second,
@@ -339,6 +350,7 @@ func benchCluster(b *testing.B, words, procs int, interval time.Duration, flow f
 	b.ReportMetric(float64(items1-items0)/secs, "exchange-items/s")
 	b.ReportMetric(float64(bytes1-bytes0)/secs/1e6, "exchange-MB/s")
 	b.ReportMetric(r.peakRSS/(1<<20), "peak-rss-MB")
+	b.ReportMetric(r.peakLive/(1<<20), "peak-live-MB")
 	return r
 }
 
