@@ -3,6 +3,7 @@ package dataflow_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
@@ -100,7 +101,10 @@ func (d *discard[T]) Close() error                         { return nil }
 //     as -metrics-addr does), workers=2,recovery (a SQLite store, 1 s epochs) and
 //     workers=2,recovery,epoch=100ms (100 ms epochs: about ten times as many commits, each of
 //     at most the 10,000 keys). Each of the last three is compared with workers=2; the issue's
-//     criterion is workers=2,recovery,epoch=100ms ≥ 0.6 × workers=2.
+//     criterion is workers=2,recovery,epoch=100ms ≥ 0.6 × workers=2. processes=2 runs 2
+//     processes of 1 worker each (in this test binary, over loopback gRPC with a cluster
+//     secret, as the cluster tests do), compared with workers=2 (the criterion: ≥ 0.6 ×);
+//     it also reports what crossed between the processes (see benchCluster).
 //   - 20,000,000 words drawn uniformly from a 1,000,000-word vocabulary, so that most keys
 //     change in every epoch (an epoch of n words changes 1 - e^(-n/1,000,000) of them: 63 %
 //     at a million words, 86 % at two): workers=2,keys=1M and
@@ -109,7 +113,7 @@ func (d *discard[T]) Close() error                         { return nil }
 //
 // Every flow case also reports its CPU time and peak memory (see benchFlow). The last
 // sub-benchmark, ratios, reports the criteria's ratios between the cases of this run (the
-// medians over each case's runs, with -count): recovery100ms/workers2 and
+// medians over each case's runs, with -count): recovery100ms/workers2, processes2/workers2 and
 // keys1M-recovery/keys1M of events/s, keys1M-recovery/keys1M-peak-rss and
 // keys1M-recovery/keys1M-peak-live of peak memory; those whose cases did not run (-bench
 // selected others) are left out.
@@ -144,6 +148,44 @@ func BenchmarkWordcount(b *testing.B) {
 	})
 	flow("workers=1", small, dataflow.Options{Workers: 1, EpochInterval: time.Second}, false)
 	flow("workers=2", small, dataflow.Options{Workers: 2, EpochInterval: time.Second}, false)
+	b.Run("processes=2", func(b *testing.B) {
+		runs["processes=2"] = append(runs["processes=2"], benchCluster(b, words, 2, time.Second, func(s dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow {
+			return wordcountFlow(small(), 2, s)
+		}))
+	})
+	// Count adds up the words of each batch before its exchange, so the processes above exchange
+	// little; these two send every word to the worker that owns it (KeyOn, then StatefulMap).
+	b.Run("workers=2,exchange", func(b *testing.B) {
+		exchange := func(s dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow { return exchangeFlow(small(), 2, s) }
+		var most usage
+		var cpu time.Duration
+		for b.Loop() {
+			sum := &sumSink{}
+			var err error
+			u := measure(func() {
+				err = dataflow.Run(context.Background(), exchange(dataflow.ToDynamic[dataflow.KV[int]](sum)),
+					dataflow.Options{Workers: 2, EpochInterval: time.Second})
+			})
+			most.rss, most.live = max(most.rss, u.rss), max(most.live, u.live)
+			cpu += u.cpu
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n := sum.n.Load(); n != int64(words) {
+				b.Fatalf("the counts add up to %d words, want %d", n, words)
+			}
+		}
+		runs["workers=2,exchange"] = append(runs["workers=2,exchange"],
+			flowResult{eventsPerSec: float64(words) * float64(b.N) / b.Elapsed().Seconds()})
+		b.ReportMetric(runs["workers=2,exchange"][len(runs["workers=2,exchange"])-1].eventsPerSec, "events/s")
+		b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/op")
+		b.ReportMetric(float64(most.rss)/(1<<20), "peak-rss-MB")
+		b.ReportMetric(float64(most.live)/(1<<20), "peak-live-MB")
+	})
+	b.Run("processes=2,exchange", func(b *testing.B) {
+		runs["processes=2,exchange"] = append(runs["processes=2,exchange"], benchCluster(b, words, 2, time.Second,
+			func(s dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow { return exchangeFlow(small(), 2, s) }))
+	})
 	b.Run("workers=2,metrics", func(b *testing.B) {
 		mon := dataflow.NewMonitor()
 		benchFlow(b, small(), words, dataflow.Options{Workers: 2, EpochInterval: time.Second, Monitor: mon}, false)
@@ -177,6 +219,8 @@ func BenchmarkWordcount(b *testing.B) {
 		rss := func(r flowResult) float64 { return r.peakRSS }
 		live := func(r flowResult) float64 { return r.peakLive }
 		ratio("recovery100ms/workers2", "workers=2,recovery,epoch=100ms", "workers=2", eps)
+		ratio("processes2/workers2", "processes=2", "workers=2", eps)
+		ratio("processes2-exchange/workers2-exchange", "processes=2,exchange", "workers=2,exchange", eps)
 		ratio("keys1M-recovery/keys1M", "workers=2,keys=1M,recovery,epoch=1s", "workers=2,keys=1M", eps)
 		ratio("keys1M-recovery/keys1M-peak-rss", "workers=2,keys=1M,recovery,epoch=1s", "workers=2,keys=1M", rss)
 		ratio("keys1M-recovery/keys1M-peak-live", "workers=2,keys=1M,recovery,epoch=1s", "workers=2,keys=1M", live)
@@ -263,6 +307,69 @@ func benchFlow(b *testing.B, lines []string, words int, opts dataflow.Options, r
 	b.ReportMetric(r.peakRSS/(1<<20), "peak-rss-MB")
 	b.ReportMetric(r.peakLive/(1<<20), "peak-live-MB")
 	return r
+}
+
+// benchCluster runs flow (a word count of words words) on procs processes of one worker
+// each, in this test binary, over loopback gRPC with a cluster secret (see runCluster), epochs
+// closed every interval; it checks that the counts add up to words and reports events/s,
+// cpu-s/op (both processes), and the exchange between the processes: exchange-items/s (items
+// encoded for another process) and exchange-MB/s (the bytes of the frames sent, in both
+// directions, acknowledgements and heartbeats included).
+func benchCluster(b *testing.B, words, procs int, interval time.Duration, flow func(dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow) flowResult {
+	b.Helper()
+	var most usage
+	var cpu time.Duration
+	items0, _, bytes0 := dataflow.ExchangeSent()
+	opts := dataflow.Options{EpochInterval: interval, Logger: slog.New(slog.DiscardHandler)}
+	for b.Loop() {
+		sum := &sumSink{}
+		build := func() *dataflow.Flow { return flow(dataflow.ToDynamic[dataflow.KV[int]](sum)) }
+		addrs := freeAddrs(b, procs)
+		var errs []error
+		u := measure(func() { errs = runCluster(context.Background(), addrs, 1, opts, build) })
+		most.rss, most.live = max(most.rss, u.rss), max(most.live, u.live)
+		cpu += u.cpu
+		for p, err := range errs {
+			if err != nil {
+				b.Fatalf("process %d: %v", p, err)
+			}
+		}
+		if n := sum.n.Load(); n != int64(words) {
+			b.Fatalf("the counts add up to %d words, want %d", n, words)
+		}
+	}
+	items1, _, bytes1 := dataflow.ExchangeSent()
+	secs := b.Elapsed().Seconds()
+	r := flowResult{
+		eventsPerSec: float64(words) * float64(b.N) / secs,
+		peakRSS:      float64(most.rss),
+		peakLive:     float64(most.live),
+	}
+	b.ReportMetric(r.eventsPerSec, "events/s")
+	b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/op")
+	b.ReportMetric(float64(items1-items0)/secs, "exchange-items/s")
+	b.ReportMetric(float64(bytes1-bytes0)/secs/1e6, "exchange-MB/s")
+	b.ReportMetric(r.peakRSS/(1<<20), "peak-rss-MB")
+	b.ReportMetric(r.peakLive/(1<<20), "peak-live-MB")
+	return r
+}
+
+// exchangeFlow is wordcountFlow without the adding up before the exchange: every word is
+// keyed (KeyOn) and sent to the worker that owns it, which counts it (StatefulMap) and emits
+// a 1 for it.
+func exchangeFlow(lines []string, parts int, sink dataflow.Sink[dataflow.KV[int]]) *dataflow.Flow {
+	src := sliceSource{parts: map[string][]string{}, batch: 256}
+	for i := range parts {
+		lo, hi := i*len(lines)/parts, (i+1)*len(lines)/parts
+		src.parts[fmt.Sprint(i)] = lines[lo:hi]
+	}
+	f := dataflow.New("exchange")
+	in := operators.Input(f, "read", dataflow.FromPartitioned[string, int](src))
+	words := operators.FlatMapSeq("split", operators.Redistribute("spread", in), strings.FieldsSeq)
+	keyed := operators.KeyOn("key", words, func(w string) string { return w })
+	ones := operators.StatefulMap("count", keyed, func(n int, _ string) (int, int, bool) { return n + 1, 1, true })
+	operators.Output("write", ones, sink)
+	return f
 }
 
 // sumSink adds up the counts it is given, from every worker.

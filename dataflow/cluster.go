@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/epochflow/epochflow/dataflow/internal/cluster"
@@ -27,8 +28,12 @@ type ClusterOptions struct {
 	// Process is this process's number: its index in Addresses.
 	Process int
 	// Secret is shared by every process of the cluster, which must prove it knows it before
-	// anything else is read from a connection; required with more than one address.
+	// anything else is read from a connection; required with more than one address unless TLS
+	// is set (with both, both apply).
 	Secret string
+	// TLS, when set, runs the exchange between the processes over mutual TLS 1.3 (see
+	// ClusterTLS).
+	TLS *ClusterTLS
 	// PeerTimeout is how long a peer may stay silent before the run fails naming it (heartbeats
 	// go every quarter of it), and how long a finishing process waits for its peers to end.
 	// 0 means DefaultPeerTimeout.
@@ -36,6 +41,19 @@ type ClusterOptions struct {
 	// StartTimeout bounds the wait for the peers at start (each attempt is logged).
 	// 0 means DefaultStartTimeout.
 	StartTimeout time.Duration
+}
+
+// ClusterTLS names the PEM files of mutual TLS between the processes of a cluster: this
+// process's certificate (with its chain) and key, and the CA that signed every process's
+// certificate. Both ends of a connection present their certificate and check the other's
+// against the CA; the dialer also checks that the server's certificate is valid for the host
+// it dialed (its entry in Addresses), and the server that the dialer's is valid for the host of
+// the process it says it is (a DNS or IP subject alternative name, or a wildcard such as
+// *.flow.NS.svc.cluster.local for every pod of a StatefulSet). Certificates are used for
+// both ends, so their extended key usage must allow both server and client authentication (or
+// be absent). The files are read at the start of every attempt.
+type ClusterTLS struct {
+	CertFile, KeyFile, CAFile string
 }
 
 // DefaultPeerTimeout is ClusterOptions.PeerTimeout when it is 0.
@@ -56,8 +74,8 @@ func (c *ClusterOptions) check(o Options) error {
 	if c.Process < 0 || c.Process >= n {
 		return fmt.Errorf("cluster: process %d is not one of the %d addresses (0 to %d)", c.Process, n, n-1)
 	}
-	if n > 1 && c.Secret == "" {
-		return errors.New("cluster: a secret is required with more than one address")
+	if n > 1 && c.Secret == "" && c.TLS == nil {
+		return errors.New("cluster: a secret or TLS is required with more than one address")
 	}
 	if n > 1 && o.Recovery != nil {
 		return errors.New("cluster: a run on several processes has no recovery store yet")
@@ -131,6 +149,10 @@ func (r *batchReader) count() int {
 
 func appendCodec[V any]() AppendCodec[V] { return DefaultCodec[V]().(AppendCodec[V]) }
 
+// encodedItems counts the items encoded for other processes, by every run of the process (for
+// benchmarks: see export_test.go).
+var encodedItems atomic.Uint64
+
 // kvCodec encodes the batches of a keyed exchange.
 type kvCodec[V any] struct{ c AppendCodec[V] }
 
@@ -138,6 +160,7 @@ func kvBatchCodec[V any]() engine.BatchCodec { return kvCodec[V]{appendCodec[V](
 
 func (k kvCodec[V]) AppendBatch(dst []byte, batch any) ([]byte, error) {
 	b := batch.([]KV[V])
+	encodedItems.Add(uint64(len(b)))
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	var err error
 	for _, kv := range b {
@@ -178,6 +201,7 @@ func itemBatchCodec[T any]() engine.BatchCodec { return itemCodec[T]{appendCodec
 
 func (k itemCodec[T]) AppendBatch(dst []byte, batch any) ([]byte, error) {
 	b := batch.([]T)
+	encodedItems.Add(uint64(len(b)))
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	var err error
 	for _, item := range b {
@@ -216,6 +240,7 @@ func stampBatchCodec[V any]() engine.BatchCodec { return stampCodec[V]{appendCod
 
 func (k stampCodec[V]) AppendBatch(dst []byte, batch any) ([]byte, error) {
 	b := batch.([]stamped[V])
+	encodedItems.Add(uint64(len(b)))
 	dst = binary.AppendUvarint(dst, uint64(len(b)))
 	var err error
 	for _, s := range b {
@@ -288,8 +313,15 @@ func runAttempt(ctx context.Context, f *Flow, opts Options, cfg engine.Config) (
 	if c == nil || len(c.Addresses) < 2 {
 		return engine.Run(ctx, &f.graph, cfg)
 	}
+	var tlsCfg *cluster.TLS
+	var err error
+	if c.TLS != nil {
+		if tlsCfg, err = cluster.LoadTLS(c.TLS.CertFile, c.TLS.KeyFile, c.TLS.CAFile); err != nil {
+			return engine.Stats{Committed: max(cfg.StartEpoch, 1) - 1}, fmt.Errorf("cluster TLS: %w", err)
+		}
+	}
 	t, err := cluster.Start(ctx, cluster.Config{Addresses: c.Addresses, Process: c.Process, Secret: []byte(c.Secret),
-		Workers: cfg.Workers, PeerTimeout: c.PeerTimeout, StartTimeout: c.StartTimeout, Logger: cfg.Logger})
+		TLS: tlsCfg, Workers: cfg.Workers, PeerTimeout: c.PeerTimeout, StartTimeout: c.StartTimeout, Logger: cfg.Logger})
 	if err != nil {
 		return engine.Stats{Committed: max(cfg.StartEpoch, 1) - 1}, fmt.Errorf("joining the cluster as process %d: %w", c.Process, err)
 	}

@@ -1,5 +1,14 @@
 package dataflow
 
+import "github.com/epochflow/epochflow/dataflow/internal/cluster"
+
+// ExchangeSent returns what this process has sent to other processes of clusters since it
+// started: the items encoded for them, and the frames and bytes their transports sent.
+func ExchangeSent() (items, frames, bytes uint64) {
+	f, b := cluster.Sent()
+	return encodedItems.Load(), f, b
+}
+
 // SetInFlightHook makes runs with o call fn whenever the snapshots waiting for the recovery
 // store change, with how many epochs past the committed one they span and their bytes (see
 // engine.Config.OnInFlight). fn is called under the engine's lock: it must be quick.

@@ -65,7 +65,10 @@ func Main(flow *Flow) {
 //	-process-id N        EPOCHFLOW_PROCESS_ID       this process's number in -addresses; a pod
 //	                                                name such as flow-3 gives 3 (default 0)
 //	-cluster-secret S    EPOCHFLOW_CLUSTER_SECRET   shared by the processes; required with more
-//	                                                than one address
+//	                                                than one address, unless TLS is on
+//	-tls-cert F, -tls-key F, -tls-ca F              mutual TLS between the processes: this
+//	                     EPOCHFLOW_TLS_CERT, _KEY,  process's certificate and key, and the CA of
+//	                     _CA                        all; all three or none (see ClusterTLS)
 //	-peer-timeout D      EPOCHFLOW_PEER_TIMEOUT     a peer silent or gone this long stops every
 //	                                                process with an error naming it (default 10s)
 //

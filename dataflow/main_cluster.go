@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/epochflow/epochflow/dataflow/internal/cluster"
 )
 
 // clusterFlags are Main's flags for running a flow on several processes.
@@ -15,7 +17,10 @@ type clusterFlags struct {
 	process     processID
 	secret      *string
 	peerTimeout *time.Duration
+	tls         [3]*string // -tls-cert, -tls-key, -tls-ca
 }
+
+var tlsFlagNames = [3]string{"tls-cert", "tls-key", "tls-ca"}
 
 func init() {
 	envFlags = append(envFlags,
@@ -23,6 +28,9 @@ func init() {
 		struct{ flag, env, want string }{"process-id", "EPOCHFLOW_PROCESS_ID", "a whole number, or a name ending in -N such as flow-3"},
 		struct{ flag, env, want string }{"cluster-secret", "EPOCHFLOW_CLUSTER_SECRET", ""},
 		struct{ flag, env, want string }{"peer-timeout", "EPOCHFLOW_PEER_TIMEOUT", "a duration such as 10s"},
+		struct{ flag, env, want string }{"tls-cert", "EPOCHFLOW_TLS_CERT", ""},
+		struct{ flag, env, want string }{"tls-key", "EPOCHFLOW_TLS_KEY", ""},
+		struct{ flag, env, want string }{"tls-ca", "EPOCHFLOW_TLS_CA", ""},
 	)
 }
 
@@ -37,6 +45,12 @@ func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
 		"prefer the variable, a flag shows in the process list)")
 	c.peerTimeout = fs.Duration("peer-timeout", DefaultPeerTimeout, "with -addresses, how long a peer may be silent or "+
 		"gone before every process stops with an error naming it (env EPOCHFLOW_PEER_TIMEOUT)")
+	c.tls[0] = fs.String("tls-cert", "", "with -addresses, run the exchange over mutual TLS 1.3: this process's certificate "+
+		"(PEM, valid for its host in -addresses), with -tls-key and -tls-ca; -cluster-secret is then optional "+
+		"(env EPOCHFLOW_TLS_CERT)")
+	c.tls[1] = fs.String("tls-key", "", "the private key (PEM) of -tls-cert (env EPOCHFLOW_TLS_KEY)")
+	c.tls[2] = fs.String("tls-ca", "", "the CA certificate(s) (PEM) that signed every process's -tls-cert "+
+		"(env EPOCHFLOW_TLS_CA)")
 	return c
 }
 
@@ -46,6 +60,25 @@ func (c *clusterFlags) options(stderr io.Writer, recoveryDir string) (*ClusterOp
 	if *c.peerTimeout <= 0 {
 		fmt.Fprintf(stderr, "invalid value %v for flag -peer-timeout: want a positive duration such as 10s\n", *c.peerTimeout)
 		return nil, false
+	}
+	var tlsOpts *ClusterTLS
+	if given := *c.tls[0] != "" || *c.tls[1] != "" || *c.tls[2] != ""; given {
+		for i, name := range tlsFlagNames {
+			if *c.tls[i] == "" {
+				fmt.Fprintf(stderr, "-%s is missing: mutual TLS needs -tls-cert, -tls-key and -tls-ca (or "+
+					"EPOCHFLOW_TLS_CERT, EPOCHFLOW_TLS_KEY and EPOCHFLOW_TLS_CA), all three or none\n", name)
+				return nil, false
+			}
+		}
+		if *c.addresses == "" {
+			fmt.Fprintf(stderr, "-tls-cert needs -addresses: TLS secures the exchange between the processes of a cluster\n")
+			return nil, false
+		}
+		if _, err := cluster.LoadTLS(*c.tls[0], *c.tls[1], *c.tls[2]); err != nil {
+			fmt.Fprintf(stderr, "invalid -tls-cert, -tls-key or -tls-ca: %v\n", err)
+			return nil, false
+		}
+		tlsOpts = &ClusterTLS{CertFile: *c.tls[0], KeyFile: *c.tls[1], CAFile: *c.tls[2]}
 	}
 	if *c.addresses == "" {
 		if c.process.set && c.process.n != 0 {
@@ -68,9 +101,9 @@ func (c *clusterFlags) options(stderr io.Writer, recoveryDir string) (*ClusterOp
 			c.process.n, len(addrs), len(addrs)-1)
 		return nil, false
 	}
-	if len(addrs) > 1 && *c.secret == "" {
+	if len(addrs) > 1 && *c.secret == "" && tlsOpts == nil {
 		fmt.Fprintf(stderr, "-addresses lists %d processes: give -cluster-secret (or EPOCHFLOW_CLUSTER_SECRET), the same "+
-			"for all of them, so that no stranger can join\n", len(addrs))
+			"for all of them, or -tls-cert, -tls-key and -tls-ca, so that no stranger can join\n", len(addrs))
 		return nil, false
 	}
 	if len(addrs) > 1 && recoveryDir != "" {
@@ -78,7 +111,8 @@ func (c *clusterFlags) options(stderr io.Writer, recoveryDir string) (*ClusterOp
 			"without -recovery, or one process with it\n")
 		return nil, false
 	}
-	return &ClusterOptions{Addresses: addrs, Process: c.process.n, Secret: *c.secret, PeerTimeout: *c.peerTimeout}, true
+	return &ClusterOptions{Addresses: addrs, Process: c.process.n, Secret: *c.secret, PeerTimeout: *c.peerTimeout,
+		TLS: tlsOpts}, true
 }
 
 // processID is -process-id: a number, or a name that ends in -N (a StatefulSet's pod name).

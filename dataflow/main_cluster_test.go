@@ -2,14 +2,47 @@ package dataflow
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"flag"
+	"math/big"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
+
+// selfSigned writes a self-signed certificate (its own CA) and its key, and returns their files.
+func selfSigned(t *testing.T) (certFile, keyFile string) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, DNSNames: []string{"a", "b"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600)
+	return certFile, keyFile
+}
 
 // The cluster flags: a pod name gives its ordinal, and a cluster without a secret, a process
 // id outside the list and -recovery with several processes are refused naming the flag.
 func TestClusterFlags(t *testing.T) {
+	certFile, keyFile := selfSigned(t)
 	for _, c := range []struct {
 		args []string
 		want int // process, or -1 for refused
@@ -21,6 +54,13 @@ func TestClusterFlags(t *testing.T) {
 		{args: []string{"-addresses", "a:1,b:2", "-process-id", "2", "-cluster-secret", "s"}, want: -1, err: "-process-id"},
 		{args: []string{"-addresses", "a:1,b", "-cluster-secret", "s"}, want: -1, err: "-addresses"},
 		{args: []string{"-process-id", "3"}, want: -1, err: "needs -addresses"},
+		{args: []string{"-addresses", "a:1,b:2", "-tls-cert", "c", "-tls-key", "k"}, want: -1, err: "-tls-ca is missing"},
+		{args: []string{"-addresses", "a:1,b:2", "-tls-key", "k", "-tls-ca", "c"}, want: -1, err: "-tls-cert is missing"},
+		{args: []string{"-addresses", "a:1,b:2", "-tls-cert", "c", "-tls-ca", "c"}, want: -1, err: "-tls-key is missing"},
+		{args: []string{"-addresses", "a:1,b:2", "-tls-cert", "/nonexistent/c", "-tls-key", "/nonexistent/k", "-tls-ca", "/nonexistent/ca"},
+			want: -1, err: "-tls-cert"},
+		{args: []string{"-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", certFile}, want: -1, err: "needs -addresses"},
+		{args: []string{"-addresses", "a:1,b:2", "-process-id", "1", "-tls-cert", certFile, "-tls-key", keyFile, "-tls-ca", certFile}, want: 1},
 	} {
 		fs := flag.NewFlagSet("x", flag.ContinueOnError)
 		cf := addClusterFlags(fs)
@@ -36,6 +76,8 @@ func TestClusterFlags(t *testing.T) {
 			t.Errorf("%v: refused: %s", c.args, stderr.String())
 		case c.want > 0 && opts.Process != c.want:
 			t.Errorf("%v: process %d, want %d", c.args, opts.Process, c.want)
+		case c.want > 0 && strings.Contains(strings.Join(c.args, " "), "-tls-cert") && opts.TLS == nil:
+			t.Errorf("%v: no TLS in the options", c.args)
 		}
 	}
 	var stderr bytes.Buffer

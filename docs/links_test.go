@@ -14,8 +14,8 @@ import (
 // mdLink matches the target of a Markdown link: [text](target).
 var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 
-// TestLinksResolveInsideTheRepository reads README.md and every Markdown file under docs/ and
-// examples/, and fails for a relative link whose file does not exist or that leaves the
+// TestLinksResolveInsideTheRepository reads README.md and every Markdown file under docs/,
+// examples/ and deploy/, and fails for a relative link whose file does not exist or that leaves the
 // repository, and for any link to a host other than loopback (the docs point only at what a
 // clone has).
 func TestLinksResolveInsideTheRepository(t *testing.T) {
@@ -24,7 +24,7 @@ func TestLinksResolveInsideTheRepository(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := []string{filepath.Join(root, "README.md")}
-	for _, dir := range []string{"docs", "examples"} {
+	for _, dir := range []string{"docs", "examples", "deploy"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d os.DirEntry, err error) error {
 			if err != nil {
 				return err

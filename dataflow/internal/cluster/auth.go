@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -32,6 +33,9 @@ const (
 	handshakeMax = 10 * time.Second
 )
 
+// With TLS (Config.TLS), the handshake runs inside a mutual TLS 1.3 connection, with an empty
+// secret when there is none (see TLS).
+
 // authInfo is what a handshake tells gRPC about the peer: its process number.
 type authInfo struct {
 	credentials.CommonAuthInfo
@@ -47,6 +51,15 @@ type creds struct {
 	self   int
 	to     int // for a client: the process it dials
 	log    *slog.Logger
+	tls    *TLS     // nil without mutual TLS
+	addrs  []string // every process's address, for the names of TLS certificates
+}
+
+func (c *creds) level() credentials.SecurityLevel {
+	if c.tls != nil {
+		return credentials.PrivacyAndIntegrity
+	}
+	return credentials.NoSecurity
 }
 
 func mac(secret []byte, role string, nonceS, nonceC []byte, from, to int) []byte {
@@ -68,6 +81,13 @@ func (c *creds) ClientHandshake(ctx context.Context, _ string, conn net.Conn) (n
 	}
 	conn.SetDeadline(deadline)
 	defer conn.SetDeadline(time.Time{})
+	if c.tls != nil {
+		tc := tls.Client(conn, c.tls.client(host(c.addrs[c.to])))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return nil, nil, fmt.Errorf("TLS handshake with process %d: %w", c.to, err)
+		}
+		conn = tc
+	}
 	hello := make([]byte, len(magic)+nonceLen)
 	if _, err := io.ReadFull(conn, hello); err != nil {
 		return nil, nil, fmt.Errorf("handshake with process %d: reading its greeting: %w", c.to, err)
@@ -95,24 +115,40 @@ func (c *creds) ClientHandshake(ctx context.Context, _ string, conn net.Conn) (n
 	if !hmac.Equal(proof, mac(c.secret, "server", nonceS, nonceC, c.self, c.to)) {
 		return nil, nil, fmt.Errorf("handshake with process %d: it does not know the cluster secret", c.to)
 	}
-	return conn, authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, process: c.to}, nil
+	return conn, authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: c.level()}, process: c.to}, nil
 }
 
 // errRefused is the error of a refused connection (already logged).
 var errRefused = errors.New("refused")
 
 func (c *creds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	from, err := c.serverHandshake(conn)
+	conn, from, err := c.serverHandshake(conn)
 	if err != nil {
 		c.log.Warn("refused a connection to the cluster port", "remote", conn.RemoteAddr().String(), "reason", err.Error())
 		return nil, nil, fmt.Errorf("%w: %v", errRefused, err)
 	}
-	return conn, authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, process: from}, nil
+	return conn, authInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: c.level()}, process: from}, nil
 }
 
-func (c *creds) serverHandshake(conn net.Conn) (int, error) {
+// serverHandshake returns the connection to use (the TLS one with TLS) and the dialer's process.
+func (c *creds) serverHandshake(conn net.Conn) (net.Conn, int, error) {
 	conn.SetDeadline(time.Now().Add(handshakeMax))
 	defer conn.SetDeadline(time.Time{})
+	if c.tls == nil {
+		from, err := c.secretHandshake(conn, nil)
+		return conn, from, err
+	}
+	tc := tls.Server(conn, c.tls.server())
+	if err := tc.Handshake(); err != nil {
+		return conn, 0, fmt.Errorf("TLS handshake: %w", err)
+	}
+	from, err := c.secretHandshake(tc, func(from int) error { return checkClientName(tc, c.addrs, from) })
+	return tc, from, err
+}
+
+// secretHandshake is the server's side of the secret handshake; check, if not nil, may refuse
+// the dialer's process before the server proves itself.
+func (c *creds) secretHandshake(conn net.Conn, check func(from int) error) (int, error) {
 	nonceS := make([]byte, nonceLen)
 	rand.Read(nonceS)
 	if _, err := conn.Write(append([]byte(magic), nonceS...)); err != nil {
@@ -136,6 +172,11 @@ func (c *creds) serverHandshake(conn net.Conn) (int, error) {
 	}
 	if to != c.self {
 		return 0, fmt.Errorf("it wants process %d, this is process %d (the -addresses lists differ)", to, c.self)
+	}
+	if check != nil {
+		if err := check(from); err != nil {
+			return 0, err
+		}
 	}
 	if _, err := conn.Write(mac(c.secret, "server", nonceS, nonceC, from, to)); err != nil {
 		return 0, fmt.Errorf("writing the proof: %w", err)

@@ -1,8 +1,8 @@
 // Package cluster carries a flow's exchanges, frontier reports and commit announcements between
 // the processes of a cluster over gRPC: one bidirectional stream per pair of processes, opened
-// by the higher-numbered process, authenticated by a shared secret before gRPC speaks, and
-// tagged with the execution number in every frame. It knows nothing of the engine: the engine
-// hands it encoded batches and gets them back through a Handler.
+// by the higher-numbered process, authenticated (a shared secret, mutual TLS or both) before
+// gRPC speaks, and tagged with the execution number in every frame. It knows nothing of the
+// engine: the engine hands it encoded batches and gets them back through a Handler.
 package cluster
 
 import (
@@ -49,8 +49,10 @@ type Config struct {
 	Addresses []string
 	// Process is this process's number (an index of Addresses); process 0 leads.
 	Process int
-	// Secret is the shared secret every process proves it knows.
+	// Secret is the shared secret every process proves it knows; it may be empty with TLS.
 	Secret []byte
+	// TLS, when not nil, runs every connection over mutual TLS (see TLS).
+	TLS *TLS
 	// Workers is the number of workers of each process; every process must have the same.
 	Workers int
 	// PeerTimeout is how long a peer may stay silent (heartbeats are sent at a quarter of it)
@@ -70,6 +72,9 @@ const DefaultStartTimeout = time.Minute
 
 // maxChunk is the size past which queued messages go into a new frame.
 const maxChunk = 1 << 20
+
+// window is gRPC's flow-control window of a stream and of a connection.
+const window = 8 << 20
 
 // maxFrame bounds a frame gRPC accepts (a batch bigger than this cannot cross).
 const maxFrame = 256 << 20
@@ -140,8 +145,8 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.Process < 0 || cfg.Process >= n {
 		return nil, fmt.Errorf("process %d is not one of the %d addresses", cfg.Process, n)
 	}
-	if len(cfg.Secret) == 0 {
-		return nil, errors.New("a cluster of several processes needs a secret")
+	if len(cfg.Secret) == 0 && cfg.TLS == nil {
+		return nil, errors.New("a cluster of several processes needs a secret or TLS")
 	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout
@@ -162,14 +167,16 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 		}
 	}
 	self := cfg.Addresses[cfg.Process]
-	lis, err := net.Listen("tcp", self)
+	deadline := time.Now().Add(cfg.StartTimeout)
+	lis, err := listen(ctx, t.log, self, deadline)
 	if err != nil {
 		t.cancel()
 		return nil, fmt.Errorf("listening on %s (process %d's address): %w", self, cfg.Process, err)
 	}
 	t.lis = lis
-	t.srv = grpc.NewServer(grpc.Creds(&creds{secret: cfg.Secret, self: cfg.Process, log: t.log}),
-		grpc.ForceServerCodecV2(codec{}), grpc.ConnectionTimeout(handshakeMax), grpc.MaxRecvMsgSize(maxFrame))
+	t.srv = grpc.NewServer(grpc.Creds(&creds{secret: cfg.Secret, self: cfg.Process, log: t.log, tls: cfg.TLS, addrs: cfg.Addresses}),
+		grpc.ForceServerCodecV2(codec{}), grpc.ConnectionTimeout(handshakeMax), grpc.MaxRecvMsgSize(maxFrame),
+		grpc.InitialWindowSize(window), grpc.InitialConnWindowSize(window))
 	t.srv.RegisterService(&grpc.ServiceDesc{ServiceName: "epochflow.Cluster", HandlerType: (*any)(nil),
 		Streams: []grpc.StreamDesc{{StreamName: "Exchange", Handler: t.serve, ServerStreams: true, ClientStreams: true}}}, t)
 	t.wg.Add(1)
@@ -185,7 +192,6 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 		}
 		close(t.execKnown)
 	}
-	deadline := time.Now().Add(cfg.StartTimeout)
 	for j := range cfg.Process {
 		if err := t.dial(ctx, t.peers[j], deadline); err != nil {
 			t.shutdown()
@@ -199,6 +205,41 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 	t.log.Info("connected to every peer", "processes", n, "execution", t.exec)
 	return t, nil
 }
+
+// listen listens on this process's address. While its host name does not resolve (a pod of a
+// StatefulSet starts before its DNS record is published), it retries with backoff until
+// deadline, logging the wait.
+func listen(ctx context.Context, log *slog.Logger, self string, deadline time.Time) (net.Listener, error) {
+	wait := 50 * time.Millisecond
+	var logged time.Time
+	for {
+		lis, err := net.Listen("tcp", self)
+		var dnsErr *net.DNSError
+		if err == nil || !errors.As(err, &dnsErr) || time.Now().Add(wait).After(deadline) {
+			return lis, err
+		}
+		if time.Since(logged) > 2*time.Second {
+			log.Info("waiting for this process's address to resolve", "address", self, "error", err.Error())
+			logged = time.Now()
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		}
+		wait = min(wait*2, time.Second)
+	}
+}
+
+// sentFrames and sentBytes count the frames and their bytes sent by every transport of the
+// process (for benchmarks: see Sent).
+var sentFrames, sentBytes atomic.Uint64
+
+// Sent returns how many frames, and bytes in them, the transports of this process have sent
+// to their peers since it started (heartbeats and acknowledgements included).
+func Sent() (frames, bytes uint64) { return sentFrames.Load(), sentBytes.Load() }
 
 // Process is this process's number.
 func (t *Transport) Process() int { return t.cfg.Process }
@@ -263,8 +304,10 @@ func peerReady(peers []*peerConn) <-chan struct{} {
 // dial opens the stream to a lower-numbered process, retrying with backoff until deadline.
 func (t *Transport) dial(ctx context.Context, p *peerConn, deadline time.Time) error {
 	cc, err := grpc.NewClient("passthrough:///"+p.addr,
-		grpc.WithTransportCredentials(&creds{secret: t.cfg.Secret, self: t.cfg.Process, to: p.id, log: t.log}),
+		grpc.WithTransportCredentials(&creds{secret: t.cfg.Secret, self: t.cfg.Process, to: p.id, log: t.log,
+			tls: t.cfg.TLS, addrs: t.cfg.Addresses}),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(maxFrame)),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window),
 		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: handshakeMax,
 			Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
 	if err != nil {
@@ -604,6 +647,8 @@ func (p *peerConn) send() {
 			chunks = [][]byte{append(binary.LittleEndian.AppendUint64(nil, t.exec), kindHeartbeat)}
 		}
 		for _, c := range chunks {
+			sentFrames.Add(1)
+			sentBytes.Add(uint64(len(c)))
 			if err := p.stream.SendMsg(&frame{b: c}); err != nil {
 				if !t.closing.Load() {
 					t.fail(fmt.Errorf("peer %s: sending: the stream broke: %w", p.name(), err))
