@@ -2,6 +2,8 @@ package recovery
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"iter"
 	"unsafe"
 )
@@ -159,4 +161,114 @@ func (p *Pack) keyAt(off int) (step int, key string) {
 		return int(s), ""
 	}
 	return int(s), unsafe.String(&p.buf[off], int(kl))
+}
+
+// AppendBinary appends the pack's encoding to b (encoding.BinaryAppender): its table of steps
+// and its snapshots as they are, so that a pack can travel to another process (a worker of a
+// cluster sends its packs to the process that writes the store) and be rebuilt there with
+// UnmarshalBinary.
+func (p *Pack) AppendBinary(b []byte) ([]byte, error) {
+	b = binary.AppendUvarint(b, uint64(len(p.steps)))
+	for _, s := range p.steps {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	b = binary.AppendUvarint(b, uint64(len(p.buf)))
+	return append(b, p.buf...), nil
+}
+
+// errPack is the error of a malformed encoded pack.
+var errPack = errors.New("malformed pack")
+
+// UnmarshalBinary replaces the pack's snapshots with those of data, which AppendBinary wrote
+// (encoding.BinaryUnmarshaler). It checks every snapshot, so that a malformed encoding is an
+// error (wrapping nothing of the caller's) and never a panic later; the pack copies what it
+// keeps of data.
+func (p *Pack) UnmarshalBinary(data []byte) error {
+	p.Reset()
+	r := data
+	uv := func() (uint64, error) {
+		v, n := binary.Uvarint(r)
+		if n <= 0 {
+			return 0, errPack
+		}
+		r = r[n:]
+		return v, nil
+	}
+	take := func() ([]byte, error) {
+		n, err := uv()
+		if err != nil || n > uint64(len(r)) {
+			return nil, errPack
+		}
+		v := r[:n]
+		r = r[n:]
+		return v, nil
+	}
+	ns, err := uv()
+	if err != nil || ns > uint64(len(r)) {
+		return fmt.Errorf("%w: its table of steps", errPack)
+	}
+	for range ns {
+		s, err := take()
+		if err != nil {
+			return fmt.Errorf("%w: its table of steps", errPack)
+		}
+		p.steps = append(p.steps, string(s))
+	}
+	buf, err := take()
+	if err != nil || len(r) != 0 {
+		return fmt.Errorf("%w: its snapshots' length", errPack)
+	}
+	// Check every snapshot before decode may read it.
+	for off := 0; off < len(buf); {
+		next, epoch, err := checkPacked(buf[off:], len(p.steps))
+		if err != nil {
+			p.Reset()
+			return fmt.Errorf("%w: snapshot %d", err, p.n+1)
+		}
+		off += next
+		if p.n == 0 {
+			p.lo, p.hi = epoch, epoch
+		} else {
+			p.lo, p.hi = min(p.lo, epoch), max(p.hi, epoch)
+		}
+		p.n++
+	}
+	p.buf = append(p.buf[:0], buf...)
+	return nil
+}
+
+// checkPacked checks the encoding of the snapshot at the start of b and returns its length
+// and epoch.
+func checkPacked(b []byte, steps int) (int, uint64, error) {
+	off := 0
+	uv := func() (uint64, bool) {
+		v, n := binary.Uvarint(b[off:])
+		if n <= 0 {
+			return 0, false
+		}
+		off += n
+		return v, true
+	}
+	s, ok := uv()
+	if !ok || s >= uint64(steps) {
+		return 0, 0, errPack
+	}
+	kl, ok := uv()
+	if !ok || kl > uint64(len(b)-off) {
+		return 0, 0, errPack
+	}
+	off += int(kl)
+	epoch, ok := uv()
+	if !ok {
+		return 0, 0, errPack
+	}
+	sl, ok := uv()
+	if !ok || (sl > 0 && sl-1 > uint64(len(b)-off)) {
+		return 0, 0, errPack
+	}
+	if sl > 0 {
+		off += int(sl - 1)
+	}
+	return off, epoch, nil
 }
