@@ -20,7 +20,11 @@ import (
 // key (Stateful steps and their operators, partitioned sinks) cross processes over gRPC, the
 // items encoded with DefaultCodec; Redistribute balances among the workers of each process.
 // If a process fails or a peer's stream breaks, every process stops with an error naming the
-// peer. There is no recovery store for a cluster yet.
+// peer. With a recovery store (Options.Recovery, at process 0 only: the others must have
+// none), process 0 begins each execution, loads the state and sends it to the others at
+// start; they send it their snapshots with their frontiers, and it records each commit before
+// announcing it. A cluster may resume with other numbers of processes and workers: state is
+// routed by key and partitions are reassigned over all the workers.
 type ClusterOptions struct {
 	// Addresses has one host:port per process, in process order. Each process listens on its
 	// own and connects to the others. One address runs the flow alone, as without Cluster.
@@ -77,8 +81,9 @@ func (c *ClusterOptions) check(o Options) error {
 	if n > 1 && c.Secret == "" && c.TLS == nil {
 		return errors.New("cluster: a secret or TLS is required with more than one address")
 	}
-	if n > 1 && o.Recovery != nil {
-		return errors.New("cluster: a run on several processes has no recovery store yet")
+	if n > 1 && o.Recovery != nil && c.Process != 0 {
+		return fmt.Errorf("cluster: process %d has a recovery store: only process 0 opens it (the others get the "+
+			"state from process 0 and send it their snapshots)", c.Process)
 	}
 	if c.PeerTimeout < 0 || c.StartTimeout < 0 {
 		return errors.New("cluster: the peer and start timeouts must not be negative")
@@ -308,7 +313,10 @@ func (stampCodec[V]) Check() error { return CheckCodec[V]() }
 // runAttempt runs the engine once, on the cluster when there is one: the processes connect
 // first, and the transport is closed (telling the peers how the run ended) when the engine
 // returns.
-func runAttempt(ctx context.Context, f *Flow, opts Options, cfg engine.Config) (engine.Stats, error) {
+//
+// With a recovery store (process 0), execution is the store's number of this execution, which
+// every frame carries, and the other processes get the committed epoch and the state at start.
+func runAttempt(ctx context.Context, f *Flow, opts Options, cfg engine.Config, execution int) (engine.Stats, error) {
 	c := opts.Cluster
 	if c == nil || len(c.Addresses) < 2 {
 		return engine.Run(ctx, &f.graph, cfg)
@@ -320,10 +328,28 @@ func runAttempt(ctx context.Context, f *Flow, opts Options, cfg engine.Config) (
 			return engine.Stats{Committed: max(cfg.StartEpoch, 1) - 1}, fmt.Errorf("cluster TLS: %w", err)
 		}
 	}
-	t, err := cluster.Start(ctx, cluster.Config{Addresses: c.Addresses, Process: c.Process, Secret: []byte(c.Secret),
-		TLS: tlsCfg, Workers: cfg.Workers, PeerTimeout: c.PeerTimeout, StartTimeout: c.StartTimeout, Logger: cfg.Logger})
+	tc := cluster.Config{Addresses: c.Addresses, Process: c.Process, Secret: []byte(c.Secret),
+		TLS: tlsCfg, Workers: cfg.Workers, PeerTimeout: c.PeerTimeout, StartTimeout: c.StartTimeout, Logger: cfg.Logger}
+	if c.Process == 0 && cfg.Store != nil {
+		tc.Execution = uint64(execution)
+		tc.Resume = encodeResume(cfg.StartEpoch-1, cfg.Restored)
+	}
+	t, err := cluster.Start(ctx, tc)
 	if err != nil {
 		return engine.Stats{Committed: max(cfg.StartEpoch, 1) - 1}, fmt.Errorf("joining the cluster as process %d: %w", c.Process, err)
+	}
+	if b := t.Resume(); c.Process != 0 && len(b) > 0 {
+		committed, restored, err := decodeResume(b)
+		if err != nil {
+			t.Close(err)
+			return engine.Stats{}, err
+		}
+		cfg.StartEpoch, cfg.Recovery, cfg.Restored = committed+1, true, restored
+		cfg.StopWarning = "" // the state is in process 0's store
+		if committed > 0 {
+			cfg.Logger.Info("resuming from process 0's recovery store", "flow", f.name, "execution", t.Execution(),
+				"committed_epoch", committed)
+		}
 	}
 	cfg.Transport = t
 	st, err := engine.Run(ctx, &f.graph, cfg)

@@ -72,6 +72,10 @@ func Main(flow *Flow) {
 //	-peer-timeout D      EPOCHFLOW_PEER_TIMEOUT     a peer silent or gone this long stops every
 //	                                                process with an error naming it (default 10s)
 //
+// With -addresses of several processes, only process 0 opens the -recovery store: the others
+// get the state to resume from process 0 and send it their snapshots (their -recovery is
+// ignored), and -restart-attempts is ignored (the processes are started again together).
+//
 // -help (or -h) prints the usage on standard error and exits 0. A malformed flag is an error
 // (exit 2), and so is a malformed environment variable, which the error names, unless its flag
 // is given.
@@ -220,6 +224,13 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 	if !ok {
 		return 2
 	}
+	// A cluster shares fate: its processes are started again together (by hand or by
+	// Kubernetes), not one by one; and only process 0 opens the recovery store.
+	follower := false
+	if clusterOpts != nil && len(clusterOpts.Addresses) > 1 {
+		*restarts = 0
+		follower = clusterOpts.Process != 0
+	}
 	crash, err := crashFromEnv(os.Getenv("EPOCHFLOW_CRASH_AT"))
 	if err != nil {
 		fmt.Fprintf(stderr, "invalid EPOCHFLOW_CRASH_AT: %v\n", err)
@@ -300,7 +311,10 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 		defer srv.stop()
 		logger.Info("serving metrics", "addr", srv.addr, "metrics", "http://"+srv.addr+"/metrics", "pprof", *withPprof)
 	}
-	if *recoveryDir != "" {
+	if *recoveryDir != "" && follower {
+		logger.Info("the recovery store is process 0's: this process gets the state to resume from process 0, "+
+			"and sends it its snapshots", "flow", flow.Name(), "recovery", storeName(*recoveryDir))
+	} else if *recoveryDir != "" {
 		store, err := openStore(ctx, *recoveryDir, *backup)
 		if err != nil {
 			fmt.Fprintf(stderr, "epochflow: -recovery %s: %v\n", storeName(*recoveryDir), err)

@@ -106,11 +106,6 @@ func (c *clusterFlags) options(stderr io.Writer, recoveryDir string) (*ClusterOp
 			"for all of them, or -tls-cert, -tls-key and -tls-ca, so that no stranger can join\n", len(addrs))
 		return nil, false
 	}
-	if len(addrs) > 1 && recoveryDir != "" {
-		fmt.Fprintf(stderr, "-recovery with -addresses of several processes is not supported yet: run the cluster "+
-			"without -recovery, or one process with it\n")
-		return nil, false
-	}
 	return &ClusterOptions{Addresses: addrs, Process: c.process.n, Secret: *c.secret, PeerTimeout: *c.peerTimeout,
 		TLS: tlsOpts}, true
 }

@@ -21,19 +21,20 @@ func (a storeAdapter) Commit(ctx context.Context, epoch uint64, frontiers []uint
 
 // resume checks that store can serve this flow, records the new execution and loads the state
 // every step resumes from. A store that holds state of steps this flow does not have is
-// refused before anything is written to it.
-func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Config) error {
+// refused before anything is written to it. total is the number of workers of the cluster
+// (cfg.Workers on one process). It returns the number of the execution it began.
+func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Config, total int) (int, error) {
 	execs, err := store.Executions(ctx)
 	if err != nil {
-		return fmt.Errorf("reading the recovery store: %w", err)
+		return 0, fmt.Errorf("reading the recovery store: %w", err)
 	}
 	if n := len(execs); n > 0 && execs[n-1].Flow != f.name {
-		return fmt.Errorf("%w: the recovery store was written by flow %q, not %q; "+
+		return 0, fmt.Errorf("%w: the recovery store was written by flow %q, not %q; "+
 			"run %q with a new recovery directory", recovery.ErrOtherFlow, execs[n-1].Flow, f.name, f.name)
 	}
 	stored, err := store.StepIDs(ctx)
 	if err != nil {
-		return fmt.Errorf("reading the recovery store: %w", err)
+		return 0, fmt.Errorf("reading the recovery store: %w", err)
 	}
 	ids := f.StepIDs()
 	var unknown []string
@@ -43,14 +44,14 @@ func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Con
 		}
 	}
 	if len(unknown) > 0 {
-		return fmt.Errorf("the recovery store holds the state of step %s, which flow %q does not have: "+
+		return 0, fmt.Errorf("the recovery store holds the state of step %s, which flow %q does not have: "+
 			"it was written by another flow or by another version of this one; "+
 			"run with a new recovery directory, or with the flow that wrote it",
 			strings.Join(unknown, ", "), f.name)
 	}
-	res, err := store.Begin(ctx, recovery.Execution{Flow: f.name, Steps: ids, Workers: cfg.Workers})
+	res, err := store.Begin(ctx, recovery.Execution{Flow: f.name, Steps: ids, Workers: total})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	cfg.StartEpoch = res.Committed + 1
 	cfg.Recovery = true
@@ -63,7 +64,7 @@ func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Con
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("loading the state of step %q: %w", s, err)
+			return 0, fmt.Errorf("loading the state of step %q: %w", s, err)
 		}
 		if len(rs) > 0 {
 			cfg.Restored[s] = rs
@@ -71,7 +72,7 @@ func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Con
 	}
 	if res.Committed > 0 {
 		cfg.Logger.Info("resuming from the recovery store", "flow", f.name, "execution", res.Execution,
-			"committed_epoch", res.Committed, "previous_workers", res.Workers, "workers", cfg.Workers)
+			"committed_epoch", res.Committed, "previous_workers", res.Workers, "workers", total)
 	}
-	return nil
+	return res.Execution, nil
 }

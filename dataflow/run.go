@@ -213,15 +213,20 @@ func RunStats(ctx context.Context, f *Flow, opts Options) (Stats, error) {
 		}
 		c := cfg
 		var es engine.Stats
+		execution := 0
 		if opts.Recovery != nil {
-			err = f.resume(ctx, opts.Recovery, &c)
+			total := c.Workers
+			if cl := opts.Cluster; cl != nil && len(cl.Addresses) > 1 {
+				total *= len(cl.Addresses)
+			}
+			execution, err = f.resume(ctx, opts.Recovery, &c, total)
 			es.Committed = max(c.StartEpoch, 1) - 1
 			if st.Restarts == 0 {
 				st.ResumedAfter = es.Committed
 			}
 		}
 		if err == nil {
-			es, err = runAttempt(ctx, f, opts, c)
+			es, err = runAttempt(ctx, f, opts, c, execution)
 		}
 		st.Read += es.Read
 		st.Written += es.Written

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -32,8 +33,9 @@ type Handler struct {
 	Data func(edge, from, to int, kind uint8, epoch uint64, payload []byte) error
 	// Ack tells that worker to took n more messages of the edge from worker from.
 	Ack func(edge, from, to int, n uint64) error
-	// Report is a worker's frontier (to the leader, process 0).
-	Report func(worker int, frontier uint64, done bool) error
+	// Report is a worker's frontier (to the leader, process 0), with the snapshots it took
+	// since its last report (encoded, empty when none).
+	Report func(worker int, frontier uint64, done bool, pack []byte) error
 	// Commit announces that epoch is committed (from the leader).
 	Commit func(epoch uint64, final bool)
 	// Stop asks for a graceful stop.
@@ -62,6 +64,13 @@ type Config struct {
 	StartTimeout time.Duration
 	// Logger receives the transport's logs (whom it waits for, refused connections).
 	Logger *slog.Logger
+	// Execution, at process 0, is the execution number every frame carries (the recovery
+	// store's, which fences off processes of earlier executions); 0 picks one at random.
+	// The other processes learn it from process 0.
+	Execution uint64
+	// Resume, at process 0, is sent to every other process before anything else (what
+	// the run resumes from); they read it with Resume.
+	Resume []byte
 }
 
 // DefaultPeerTimeout is Config.PeerTimeout when it is 0.
@@ -95,6 +104,7 @@ type Transport struct {
 	log       *slog.Logger
 	exec      uint64
 	execKnown chan struct{}
+	resume    []byte      // what process 0 sent in its hello
 	peers     []*peerConn // nil at this process
 	lis       net.Listener
 	srv       *grpc.Server
@@ -186,6 +196,7 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 	}()
 	if cfg.Process == 0 {
 		var b [8]byte
+		t.exec = cfg.Execution
 		for t.exec == 0 {
 			rand.Read(b[:])
 			t.exec = binary.LittleEndian.Uint64(b[:]) >> 1
@@ -207,19 +218,25 @@ func Start(ctx context.Context, cfg Config) (*Transport, error) {
 }
 
 // listen listens on this process's address. While its host name does not resolve (a pod of a
-// StatefulSet starts before its DNS record is published), it retries with backoff until
-// deadline, logging the wait.
+// StatefulSet starts before its DNS record is published), or while the address is in use (a
+// process of an earlier execution that has not exited yet, such as one that was stopped and
+// is now failing), it retries with backoff until deadline, logging the wait.
 func listen(ctx context.Context, log *slog.Logger, self string, deadline time.Time) (net.Listener, error) {
 	wait := 50 * time.Millisecond
 	var logged time.Time
 	for {
 		lis, err := net.Listen("tcp", self)
 		var dnsErr *net.DNSError
-		if err == nil || !errors.As(err, &dnsErr) || time.Now().Add(wait).After(deadline) {
+		inUse := errors.Is(err, syscall.EADDRINUSE)
+		if err == nil || (!errors.As(err, &dnsErr) && !inUse) || time.Now().Add(wait).After(deadline) {
 			return lis, err
 		}
 		if time.Since(logged) > 2*time.Second {
-			log.Info("waiting for this process's address to resolve", "address", self, "error", err.Error())
+			if inUse {
+				log.Info("waiting for this process's address to be free", "address", self, "error", err.Error())
+			} else {
+				log.Info("waiting for this process's address to resolve", "address", self, "error", err.Error())
+			}
 			logged = time.Now()
 		}
 		timer := time.NewTimer(wait)
@@ -249,6 +266,14 @@ func (t *Transport) Processes() int { return len(t.cfg.Addresses) }
 
 // Execution is the execution number every frame carries.
 func (t *Transport) Execution() uint64 { return t.exec }
+
+// Resume is what process 0 gave as Config.Resume (at process 0 too).
+func (t *Transport) Resume() []byte {
+	if t.cfg.Process == 0 {
+		return t.cfg.Resume
+	}
+	return t.resume
+}
 
 // awaitPeers waits for the higher-numbered processes to dial this one.
 func (t *Transport) awaitPeers(ctx context.Context, deadline time.Time) error {
@@ -370,9 +395,15 @@ func (t *Transport) open(p *peerConn, cc *grpc.ClientConn, deadline time.Time) e
 		t.fail(fmt.Errorf("%s runs %d workers, this process %d: every process must have the same -workers", p.name(), w, t.cfg.Workers))
 		return t.failErr
 	}
+	resume := r.bytes()
+	if r.err != nil {
+		cancel()
+		return fmt.Errorf("%s sent a malformed hello: %w", p.name(), r.err)
+	}
 	exec := binary.LittleEndian.Uint64(f.b)
 	if p.id == 0 {
 		t.exec = exec
+		t.resume = resume
 		close(t.execKnown)
 	} else if exec != t.exec {
 		cancel()
@@ -416,6 +447,11 @@ func (t *Transport) serve(_ any, ss grpc.ServerStream) error {
 	}
 	hello := binary.LittleEndian.AppendUint64(nil, t.exec)
 	hello = appendUvarints(hello, kindHello, uint64(t.cfg.Workers))
+	var resume []byte
+	if t.cfg.Process == 0 {
+		resume = t.cfg.Resume
+	}
+	hello = appendBytes(hello, resume)
 	if err := ss.SendMsg(&frame{b: hello}); err != nil {
 		t.fail(fmt.Errorf("peer %s: sending the hello: %w", p.name(), err))
 		return err
@@ -566,12 +602,12 @@ func (t *Transport) dispatch(p *peerConn, b []byte) error {
 				}
 			}
 		case kindReport:
-			w, f, done := r.int(), r.uvarint(), r.byte()
+			w, f, done, pack := r.int(), r.uvarint(), r.byte(), r.bytes()
 			if r.err == nil {
 				if t.cfg.Process != 0 {
 					return errors.New("sent a frontier report to a process that does not lead")
 				}
-				if err := t.h.Report(w, f, done == 1); err != nil {
+				if err := t.h.Report(w, f, done == 1, pack); err != nil {
 					return err
 				}
 			}
@@ -682,14 +718,15 @@ func (t *Transport) SendAck(peer, edge, from, to int, n uint64) {
 	})
 }
 
-// SendReport sends a worker's frontier to the leader.
-func (t *Transport) SendReport(worker int, frontier uint64, done bool) {
+// SendReport sends a worker's frontier to the leader, with the snapshots it took since its
+// last report (encoded; empty for none).
+func (t *Transport) SendReport(worker int, frontier uint64, done bool, pack []byte) {
 	d := byte(0)
 	if done {
 		d = 1
 	}
 	t.peers[0].enqueue(func(b []byte) []byte {
-		return append(appendUvarints(b, kindReport, uint64(worker), frontier), d)
+		return appendBytes(append(appendUvarints(b, kindReport, uint64(worker), frontier), d), pack)
 	})
 }
 

@@ -12,10 +12,10 @@ import (
 // back to back. A message is its kind (one byte) and its fields as unsigned varints; a payload
 // or a text is a varint length and its bytes.
 const (
-	kindHello     byte = iota + 1 // workers: the server's first frame; the frame tells the execution
+	kindHello     byte = iota + 1 // workers, resume (process 0's, else empty): the server's first frame; the frame tells the execution
 	kindData                      // edge, from, to, marker kind, epoch, payload
 	kindAck                       // edge, from, to, count
-	kindReport                    // worker, frontier, done
+	kindReport                    // worker, frontier, done, pack (encoded snapshots, may be empty)
 	kindCommit                    // epoch, final
 	kindStop                      // (none)
 	kindBye                       // (none): the sender finished; its stream ends next

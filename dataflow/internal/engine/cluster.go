@@ -18,7 +18,7 @@ type Transport interface {
 	Attach(h cluster.Handler)
 	SendData(peer, edge, from, to int, kind uint8, epoch uint64, payload []byte)
 	SendAck(peer, edge, from, to int, n uint64)
-	SendReport(worker int, frontier uint64, done bool)
+	SendReport(worker int, frontier uint64, done bool, pack []byte)
 	SendCommit(epoch uint64, final bool)
 	SendStop()
 }
@@ -103,11 +103,22 @@ func (r *run) handler(workers []*worker) cluster.Handler {
 			}
 			return nil
 		},
-		Report: func(worker int, frontier uint64, done bool) error {
+		Report: func(worker int, frontier uint64, done bool, data []byte) error {
 			if worker >= total {
 				return fmt.Errorf("reported the frontier of worker %d, of %d", worker, total)
 			}
-			r.coord.report(worker, frontier, done, nil)
+			var pack *Pack
+			if len(data) > 0 {
+				if r.cfg.Store == nil {
+					return fmt.Errorf("sent the snapshots of worker %d, but this process has no recovery store "+
+						"(give process 0 the -recovery store)", worker)
+				}
+				pack = r.coord.reuse()
+				if err := pack.UnmarshalBinary(data); err != nil {
+					return fmt.Errorf("sent the snapshots of worker %d: %w", worker, err)
+				}
+			}
+			r.coord.report(worker, frontier, done, pack)
 			return nil
 		},
 		Commit: func(epoch uint64, final bool) {

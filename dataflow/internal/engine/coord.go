@@ -50,7 +50,14 @@ type coordinator struct {
 // took since its last report.
 func (c *coordinator) report(w int, frontier uint64, done bool, pack *Pack) {
 	if c.transport != nil && !c.leader {
-		c.transport.SendReport(w, frontier, done)
+		// The leader writes the store: the snapshots go with the frontier, in order, so
+		// that it has them all before the frontier lets it commit their epoch.
+		var data []byte
+		if pack != nil && pack.Len() > 0 {
+			data, _ = pack.AppendBinary(nil) // never fails
+			c.recycle([]*Pack{pack})
+		}
+		c.transport.SendReport(w, frontier, done, data)
 		return
 	}
 	c.mu.Lock()

@@ -47,7 +47,9 @@ type Config struct {
 	// StepContext, if set, derives the context a step's node gets (Env.Ctx) from the run's.
 	StepContext func(ctx context.Context, step string) context.Context
 	// Transport, if set, runs this process as one of a cluster (see Transport): Workers is
-	// then the number of workers of each process. It has no recovery store yet.
+	// then the number of workers of each process. Only process 0 has the Store; the others
+	// run with Recovery (their snapshots go to process 0 with their frontiers), the
+	// StartEpoch and the Restored state process 0 sent them.
 	Transport Transport
 }
 
@@ -142,8 +144,8 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 	n := cfg.Workers
 	r := &run{cfg: cfg, start: time.Now(), p: p, total: n}
 	if t := cfg.Transport; t != nil {
-		if cfg.Store != nil {
-			return st, errors.New("engine: a run on several processes has no recovery store yet")
+		if cfg.Store != nil && t.Process() != 0 {
+			return st, errors.New("engine: only process 0 of a cluster writes the recovery store")
 		}
 		r.base, r.total = t.Process()*n, t.Processes()*n
 		for _, e := range p.edges {
