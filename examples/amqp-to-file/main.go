@@ -89,10 +89,11 @@ var flagNames = map[string]string{
 	"Consumers": "flag -workers", "Declare": "",
 }
 
-// line is a message body to write, with the message id it is deduplicated by.
+// line is a message body to write, with the message id it is deduplicated by. Its fields are
+// exported: on a cluster (-addresses) lines cross processes, encoded with the default codec.
 type line struct {
-	id   string
-	body string
+	ID   string
+	Body string
 }
 
 // decode takes the body of a message as a line; a body with a line break would not be one line.
@@ -100,7 +101,7 @@ func decode(m amqp.Message) (line, error) {
 	if strings.ContainsAny(string(m.Body), "\n") {
 		return line{}, errors.New("the body contains a line break")
 	}
-	return line{id: m.MessageId, body: string(m.Body)}, nil
+	return line{ID: m.MessageId, Body: string(m.Body)}, nil
 }
 
 // build returns the flow: read, drop ids already written, write.
@@ -109,8 +110,8 @@ func build(cfg amqp.SourceConfig, output string, exists file.IfExists) *dataflow
 	msgs := operators.Input(flow, "read", amqp.ConsumeDecoded(cfg, decode))
 	// A message whose id was written already is a redelivery of one written in a committed
 	// epoch (or in this epoch); messages without an id always pass.
-	fresh := operators.Deduplicate("dedup", msgs, func(l line) string { return l.id }, 0)
-	operators.Output("write", fresh, file.LinesOut(output, func(l line) string { return l.body },
+	fresh := operators.Deduplicate("dedup", msgs, func(l line) string { return l.ID }, 0)
+	operators.Output("write", fresh, file.LinesOut(output, func(l line) string { return l.Body },
 		file.OnExisting(exists), file.ExistsFlag("-output-exists")))
 	return flow
 }
