@@ -341,6 +341,7 @@ func runAttempt(ctx context.Context, f *Flow, opts Options, cfg engine.Config, e
 	if b := t.Resume(); c.Process != 0 && len(b) > 0 {
 		committed, restored, err := decodeResume(b)
 		if err != nil {
+			err = fmt.Errorf("peer process 0 (%s): the state to resume from: %w", c.Addresses[0], err)
 			t.Close(err)
 			return engine.Stats{}, err
 		}
