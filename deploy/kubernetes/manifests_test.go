@@ -279,8 +279,7 @@ func TestManifests(t *testing.T) {
 
 	// The binary accepts the configuration as a pod would run it: the arguments with the pod's
 	// variables expanded, the variables with the Secret's values. -graph stops after the checks
-	// of the flags. EPOCHFLOW_RECOVERY is left out: with several addresses it needs the
-	// recovery of clusters (a branch of its own), and -graph would not open the store anyway.
+	// of the flags (it opens no store).
 	pod := sts.Name + "-1"
 	cmd := exec.Command(bin, "-graph")
 	cmd.Env = append(os.Environ(), "POD_NAME="+pod)
@@ -292,9 +291,7 @@ func TestManifests(t *testing.T) {
 		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
 			v = pod
 		}
-		if e.Name != "EPOCHFLOW_RECOVERY" {
-			cmd.Env = append(cmd.Env, e.Name+"="+v)
-		}
+		cmd.Env = append(cmd.Env, e.Name+"="+v)
 	}
 	for _, a := range c.Args {
 		cmd.Args = append(cmd.Args, strings.ReplaceAll(a, "$(POD_NAME)", pod))
