@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"math"
+	"strings"
 	"time"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // Commit implements Store. It sorts the snapshots of each step into a run (runs.go), drops
@@ -27,18 +30,6 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 	if len(e.Frontiers) != s.workers {
 		return fmt.Errorf("recovery store %s: Commit of epoch %d: %d frontiers for %d workers", s.path, e.Epoch, len(e.Frontiers), s.workers)
 	}
-	// The oldest snapshot (epochs start at 1), checked against the committed epoch once the
-	// transaction has read it; a copy, as the snapshots are released before.
-	var oldest Snapshot
-	for sn := range e.All() {
-		if sn.Epoch == 0 || sn.Epoch > e.Epoch {
-			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d",
-				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch)
-		}
-		if oldest.Epoch == 0 || sn.Epoch < oldest.Epoch {
-			oldest = *sn
-		}
-	}
 	packs := e.Packs
 	if len(e.Snapshots) > 0 {
 		p := &s.scratch.own
@@ -47,6 +38,24 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 			p.AddSnapshot(&e.Snapshots[i])
 		}
 		packs = append([]*Pack{p}, e.Packs...)
+	}
+	// The epochs of the snapshots, from each pack's range (no pass over the snapshots); the
+	// oldest (epochs start at 1) is checked against the committed epoch once the transaction
+	// has read it. Only an error looks for the snapshot to name.
+	var oldest uint64
+	for _, p := range packs {
+		if p.Len() == 0 {
+			continue
+		}
+		lo, hi := p.Epochs()
+		if lo == 0 || hi > e.Epoch {
+			sn := find(packs, func(sn *Snapshot) bool { return sn.Epoch == 0 || sn.Epoch > e.Epoch })
+			return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d",
+				ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch)
+		}
+		if oldest == 0 || lo < oldest {
+			oldest = lo
+		}
 	}
 	steps, err := sortPacks(packs, &s.scratch)
 	if err != nil {
@@ -68,9 +77,10 @@ func (s *SQLiteStore) Commit(ctx context.Context, e Epoch) error {
 	if e.Epoch <= committed {
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: epoch %d is already committed", ErrEpochOrder, s.path, e.Epoch, committed)
 	}
-	if oldest.Epoch != 0 && oldest.Epoch <= committed {
+	if oldest != 0 && oldest <= committed {
+		sn := find(packs, func(sn *Snapshot) bool { return sn.Epoch == oldest })
 		return fmt.Errorf("%w: recovery store %s: Commit of epoch %d: snapshot of step %q key %q has epoch %d, at or before the committed epoch %d",
-			ErrEpochOrder, s.path, e.Epoch, oldest.Step, oldest.Key, oldest.Epoch, committed)
+			ErrEpochOrder, s.path, e.Epoch, sn.Step, sn.Key, sn.Epoch, committed)
 	}
 	now := s.now()
 	if _, err := tx.ExecContext(ctx, `INSERT INTO commits (epoch, execution, committed_at) VALUES (?, ?, ?)`,
@@ -196,11 +206,11 @@ func (s *SQLiteStore) writeRuns(ctx context.Context, tx *sql.Tx, epoch, horizon 
 	return nil
 }
 
-// eachKept calls fn with what collectGroup keeps of each key's entries of es (in run order).
+// eachKept calls fn with what runfmt.CollectGroup keeps of each key's entries of es (in run order).
 func eachKept(es *entries, horizon uint64, prefix bool, fn func(*item) error) error {
 	var group []item
 	flush := func() error {
-		kept := collectGroup(group, horizon, prefix)
+		kept := runfmt.CollectGroup(group, horizon, prefix)
 		for k := range kept {
 			if err := fn(&kept[k]); err != nil {
 				return err
@@ -211,7 +221,7 @@ func eachKept(es *entries, horizon uint64, prefix bool, fn func(*item) error) er
 	}
 	for j := range es.len() {
 		e := es.item(j)
-		if !e.same && len(group) > 0 {
+		if !e.Same && len(group) > 0 {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -230,17 +240,17 @@ func encodedSize(es *entries, horizon uint64, prefix bool) int64 {
 	var n int64
 	prev := ""
 	eachKept(es, horizon, prefix, func(e *item) error {
-		shared, m := 0, min(len(prev), len(e.key))
-		for shared < m && prev[shared] == e.key[shared] {
+		shared, m := 0, min(len(prev), len(e.Key))
+		for shared < m && prev[shared] == e.Key[shared] {
 			shared++
 		}
-		n += int64(uvarintLen(uint64(shared)) + uvarintLen(uint64(len(e.key)-shared)) + len(e.key) - shared + uvarintLen(e.epoch))
-		if e.dead {
+		n += int64(uvarintLen(uint64(shared)) + uvarintLen(uint64(len(e.Key)-shared)) + len(e.Key) - shared + uvarintLen(e.Epoch))
+		if e.Dead {
 			n++
 		} else {
-			n += int64(uvarintLen(uint64(len(e.state))+1) + len(e.state))
+			n += int64(uvarintLen(uint64(len(e.State))+1) + len(e.State))
 		}
-		prev = e.key
+		prev = e.Key
 		return nil
 	})
 	return n
@@ -269,4 +279,17 @@ func writeStepSum(ctx context.Context, tx *sql.Tx, step string, epoch uint64, t 
 		return fmt.Errorf("step %q: writing its sums: %w", step, err)
 	}
 	return nil
+}
+
+// find returns a copy of the first snapshot of packs for which ok holds (the zero Snapshot if
+// none does), for an error message.
+func find(packs []*Pack, ok func(*Snapshot) bool) Snapshot {
+	for _, p := range packs {
+		for sn := range p.All() {
+			if ok(sn) {
+				return Snapshot{Step: sn.Step, Key: strings.Clone(sn.Key), Epoch: sn.Epoch}
+			}
+		}
+	}
+	return Snapshot{}
 }

@@ -46,8 +46,8 @@ func TestSortSnapshots(t *testing.T) {
 			for j := range se.entries.len() {
 				e := se.entries.item(j)
 				w := want[i]
-				if se.step != w.Step || e.key != w.Key || e.epoch != w.Epoch || e.dead != w.Deleted {
-					t.Fatalf("entry %d: %q %q %d, want %q %q %d", i, se.step, e.key, e.epoch, w.Step, w.Key, w.Epoch)
+				if se.step != w.Step || e.Key != w.Key || e.Epoch != w.Epoch || e.Dead != w.Deleted {
+					t.Fatalf("entry %d: %q %q %d, want %q %q %d", i, se.step, e.Key, e.Epoch, w.Step, w.Key, w.Epoch)
 				}
 				i++
 			}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // Compaction is the store's garbage collection: it merges runs of a step into one, dropping
-// what collectGroup drops (superseded snapshots, and tombstones with everything older of
+// what runfmt.CollectGroup drops (superseded snapshots, and tombstones with everything older of
 // their key, once the horizon has passed them), like the merges of a log-structured merge
 // tree. It runs inside the transaction of the Commit that wrote the step's newest run, for
 // the steps of that commit, so a crash keeps either the runs before it or the merged run.
@@ -92,7 +94,7 @@ func (st *statements) close() {
 }
 
 // merge merges runs (neighbours, oldest first) of one step into a new run id, inside tx,
-// keeping what collectGroup keeps with the horizon (prefix: runs start with the step's
+// keeping what runfmt.CollectGroup keeps with the horizon (prefix: runs start with the step's
 // oldest). It verifies every chunk it reads, as Load does, so that damage is never merged
 // into a run whose checksums would bless it, and deletes each chunk once read, so that the
 // new run's pages reuse the old ones'. It returns the new run, or false if nothing was kept.
@@ -104,7 +106,7 @@ func (s *SQLiteStore) merge(ctx context.Context, tx *sql.Tx, st *statements, run
 // merged in as if they were the newest run.
 func (s *SQLiteStore) mergeWith(ctx context.Context, tx *sql.Tx, st *statements, runs []runInfo, es *entries, horizon uint64, prefix bool, id int64) (runInfo, bool, error) {
 	get := stmtGetter(ctx, st.get)
-	cursors := make([]*runCursor, len(runs), len(runs)+1)
+	cursors := make([]runfmt.Source, len(runs), len(runs)+1)
 	for i, r := range runs {
 		c := newRunCursor(r, get, true, s.path)
 		c.done = func(seq int) error {
@@ -116,20 +118,20 @@ func (s *SQLiteStore) mergeWith(ctx context.Context, tx *sql.Tx, st *statements,
 	if es != nil && es.len() > 0 {
 		cursors = append(cursors, memCursor(runs[0].step, es, s.path))
 	}
-	m, err := newMerger(cursors)
+	m, err := runfmt.NewMerger(cursors)
 	if err != nil {
 		return runInfo{}, false, err
 	}
 	w := newRunWriter(ctx, tx, st.insert, runs[0].step, id)
 	for {
-		g, err := m.next()
+		g, err := m.Next()
 		if err != nil {
 			return runInfo{}, false, err
 		}
 		if g == nil {
 			break
 		}
-		kept := collectGroup(g, horizon, prefix)
+		kept := runfmt.CollectGroup(g, horizon, prefix)
 		for i := range kept {
 			if err := w.add(&kept[i]); err != nil {
 				return runInfo{}, false, err

@@ -147,14 +147,14 @@ func rows(t fataler, s *SQLiteStore) []row {
 		for _, r := range runs {
 			c := newRunCursor(r, stmtGetter(ctx, get), true, s.path)
 			for {
-				e, err := c.next()
+				e, err := c.Next()
 				if err != nil {
 					t.Fatal(err)
 				}
 				if e == nil {
 					break
 				}
-				out = append(out, row{step, e.key, e.epoch, e.dead})
+				out = append(out, row{step, e.Key, e.Epoch, e.Dead})
 			}
 		}
 	}

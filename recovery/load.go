@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/epochflow/epochflow/internal/storecheck"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // loadBatch is how many keys Load's reader hands to fn's goroutine at once.
@@ -39,7 +41,7 @@ func (s *SQLiteStore) Load(ctx context.Context, step string, fn func(key string,
 			}
 		}
 		err := s.scan(ctx, step, storecheck.On(), nil, func(e *item) error {
-			if batch = append(batch, loaded{e.key, e.epoch, e.state}); len(batch) == loadBatch {
+			if batch = append(batch, loaded{e.Key, e.Epoch, e.State}); len(batch) == loadBatch {
 				return send()
 			}
 			return nil
@@ -123,26 +125,30 @@ func (s *SQLiteStore) scan(ctx context.Context, step string, verify bool, onRuns
 				return err
 			}
 			if n != r.chunks {
-				return cursors[i].damaged("it has %d chunks, its commit recorded %d", n, r.chunks)
+				return cursors[i].Damaged("it has %d chunks, its commit recorded %d", n, r.chunks)
 			}
 		}
 	}
 	if len(cursors) == 1 {
 		return scanRun(cursors[0], emit)
 	}
-	m, err := newMerger(cursors)
+	sources := make([]runfmt.Source, len(cursors))
+	for i, c := range cursors {
+		sources[i] = c
+	}
+	m, err := runfmt.NewMerger(sources)
 	if err != nil {
 		return err
 	}
 	for {
-		g, err := m.next()
+		g, err := m.Next()
 		if err != nil {
 			return err
 		}
 		if g == nil {
 			return nil
 		}
-		if newest := &g[len(g)-1]; !newest.dead {
+		if newest := &g[len(g)-1]; !newest.Dead {
 			if err := emit(newest); err != nil {
 				return err
 			}
@@ -163,13 +169,13 @@ func scanRun(c *runCursor, emit func(*item) error) error {
 		if es == nil {
 			break
 		}
-		if have && es[0].key != pend.key && !pend.dead {
+		if have && es[0].Key != pend.Key && !pend.Dead {
 			if err := emit(&pend); err != nil {
 				return err
 			}
 		}
 		for i := range len(es) - 1 {
-			if e := &es[i]; e.key != es[i+1].key && !e.dead {
+			if e := &es[i]; e.Key != es[i+1].Key && !e.Dead {
 				if err := emit(e); err != nil {
 					return err
 				}
@@ -177,7 +183,7 @@ func scanRun(c *runCursor, emit func(*item) error) error {
 		}
 		pend, have = es[len(es)-1], true
 	}
-	if have && !pend.dead {
+	if have && !pend.Dead {
 		return emit(&pend)
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // How runs (runs.go) live in the SQLite file: a row of table runs per run, the run's chunks as
@@ -19,7 +21,7 @@ type runInfo struct {
 	entries int64
 	chunks  int
 	bytes   int64  // the size of its chunks' blobs
-	sum     uint64 // the sum of its chunks' checksums (chunkCRC)
+	sum     uint64 // the sum of its chunks' checksums (runfmt.ChunkCRC)
 }
 
 // readRuns returns the runs of step, oldest first (their epoch ranges do not overlap: a
@@ -70,7 +72,7 @@ type runWriter struct {
 	tx   *sql.Tx
 	ins  *sql.Stmt // INSERT INTO chunks
 	info runInfo
-	enc  chunkEncoder
+	enc  runfmt.Encoder
 }
 
 // newRunWriter starts run id of step; ins is a prepared INSERT INTO chunks of the
@@ -82,12 +84,12 @@ func newRunWriter(ctx context.Context, tx *sql.Tx, ins *sql.Stmt, step string, i
 // add appends e to the run.
 func (w *runWriter) add(e *item) error {
 	if w.info.entries == 0 {
-		w.info.lo, w.info.hi = e.epoch, e.epoch
+		w.info.lo, w.info.hi = e.Epoch, e.Epoch
 	}
-	w.info.lo, w.info.hi = min(w.info.lo, e.epoch), max(w.info.hi, e.epoch)
+	w.info.lo, w.info.hi = min(w.info.lo, e.Epoch), max(w.info.hi, e.Epoch)
 	w.info.entries++
-	w.enc.add(e)
-	if len(w.enc.buf) >= chunkTarget {
+	w.enc.Add(e)
+	if len(w.enc.Buf) >= chunkTarget {
 		return w.flush()
 	}
 	return nil
@@ -95,21 +97,21 @@ func (w *runWriter) add(e *item) error {
 
 // flush writes the chunk being built, if it holds entries.
 func (w *runWriter) flush() error {
-	if w.enc.entries == 0 {
+	if w.enc.Entries == 0 {
 		return nil
 	}
-	if err := w.write(w.enc.buf, w.enc.entries); err != nil {
+	if err := w.write(w.enc.Buf, w.enc.Entries); err != nil {
 		return err
 	}
-	w.info.bytes += int64(len(w.enc.buf))
-	w.enc.reset()
+	w.info.bytes += int64(len(w.enc.Buf))
+	w.enc.Reset()
 	return nil
 }
 
 // write inserts the next chunk of the run.
 func (w *runWriter) write(data []byte, entries int) error {
 	seq := w.info.chunks
-	crc := chunkCRC(w.info.id, seq, data)
+	crc := runfmt.ChunkCRC(w.info.id, seq, data)
 	if _, err := w.ins.ExecContext(w.ctx, w.info.id, seq, entries, int64(crc), data); err != nil {
 		return fmt.Errorf("step %q: writing chunk %d of run %d: %w", w.info.step, seq, w.info.id, err)
 	}
@@ -184,12 +186,12 @@ type runCursor struct {
 	path   string
 	done   func(seq int) error // if not nil, called once a chunk is decoded (compaction deletes it)
 
-	seq   int       // the next chunk to read
-	buf   []item    // the entries of the chunk being read
-	spans []keySpan // decodeChunk's scratch
-	pos   int       // the next entry of buf
-	found stepSum   // the entries read so far, and the sum of their chunks' checksums
-	last  item      // the previous entry, for the order check
+	seq   int              // the next chunk to read
+	buf   []item           // the entries of the chunk being read
+	spans []runfmt.KeySpan // runfmt.DecodeChunk's scratch
+	pos   int              // the next entry of buf
+	found stepSum          // the entries read so far, and the sum of their chunks' checksums
+	last  item             // the previous entry, for the order check
 	ended bool
 
 	mem   *entries // a cursor over entries in memory (memCursor): what it reads
@@ -219,14 +221,14 @@ func (c *runCursor) loadMem() {
 	c.ended = c.memAt == c.mem.len()
 }
 
-// damaged is an ErrDamaged error about the cursor's run.
-func (c *runCursor) damaged(format string, args ...any) error {
+// Damaged is an ErrDamaged error about the cursor's run.
+func (c *runCursor) Damaged(format string, args ...any) error {
 	return damaged(c.path, fmt.Sprintf("step %q: run %d (epochs %d to %d): ", c.info.step, c.info.id, c.info.lo, c.info.hi)+fmt.Sprintf(format, args...))
 }
 
-// next returns the run's next entry, or nil at its end (after checking the run's totals).
-// The entry stays valid until the call after the next.
-func (c *runCursor) next() (*item, error) {
+// Next returns the run's Next entry, or nil at its end (after checking the run's totals).
+// The entry stays valid until the call after the Next.
+func (c *runCursor) Next() (*item, error) {
 	for c.pos == len(c.buf) {
 		if c.ended {
 			return nil, nil
@@ -260,13 +262,13 @@ func (c *runCursor) chunk() ([]item, error) {
 func (c *runCursor) check(seq int) error {
 	for i := range c.buf {
 		e := &c.buf[i]
-		if c.found.rows > 0 && !c.last.less(e) {
-			return c.damaged("chunk %d: entries out of order: key %q epoch %d after key %q epoch %d", seq, e.key, e.epoch, c.last.key, c.last.epoch)
+		if c.found.rows > 0 && !c.last.Less(e) {
+			return c.Damaged("chunk %d: entries out of order: key %q epoch %d after key %q epoch %d", seq, e.Key, e.Epoch, c.last.Key, c.last.Epoch)
 		}
-		if e.epoch < c.info.lo || e.epoch > c.info.hi {
-			return c.damaged("chunk %d: key %q has epoch %d, outside the run's", seq, e.key, e.epoch)
+		if e.Epoch < c.info.lo || e.Epoch > c.info.hi {
+			return c.Damaged("chunk %d: key %q has epoch %d, outside the run's", seq, e.Key, e.Epoch)
 		}
-		c.last.key, c.last.epoch = e.key, e.epoch
+		c.last.Key, c.last.Epoch = e.Key, e.Epoch
 		c.found.rows++
 	}
 	return nil
@@ -283,9 +285,9 @@ func (c *runCursor) load() error {
 		c.buf, c.pos = c.buf[:0], 0
 		if c.verify && c.found != (stepSum{c.info.entries, c.info.sum}) {
 			if c.found.rows != c.info.entries {
-				return c.damaged("it has %d entries, its commit recorded %d", c.found.rows, c.info.entries)
+				return c.Damaged("it has %d entries, its commit recorded %d", c.found.rows, c.info.entries)
 			}
-			return c.damaged("its %d entries are those its commit recorded, but their checksum differs: an entry was changed", c.found.rows)
+			return c.Damaged("its %d entries are those its commit recorded, but their checksum differs: an entry was changed", c.found.rows)
 		}
 		// A chunk after the last would be found by the counts of the step (step_sums).
 		return nil
@@ -296,21 +298,21 @@ func (c *runCursor) load() error {
 		return fmt.Errorf("step %q: reading chunk %d of run %d: %w", c.info.step, seq, c.info.id, err)
 	}
 	if !ok {
-		return c.damaged("chunk %d of %d is missing", seq, c.info.chunks)
+		return c.Damaged("chunk %d of %d is missing", seq, c.info.chunks)
 	}
 	if c.verify {
-		got := chunkCRC(c.info.id, seq, data)
+		got := runfmt.ChunkCRC(c.info.id, seq, data)
 		if got != crc {
-			return c.damaged("chunk %d of %d has checksum %08x, its commit recorded %08x", seq, c.info.chunks, got, crc)
+			return c.Damaged("chunk %d of %d has checksum %08x, its commit recorded %08x", seq, c.info.chunks, got, crc)
 		}
 		c.found.sum += uint64(got)
 	}
-	c.buf, err = decodeChunk(data, c.buf[:0], &c.spans)
+	c.buf, err = runfmt.DecodeChunk(data, c.buf[:0], &c.spans)
 	if err != nil {
-		return c.damaged("chunk %d of %d: %v", seq, c.info.chunks, err)
+		return c.Damaged("chunk %d of %d: %v", seq, c.info.chunks, err)
 	}
 	if len(c.buf) != n || n == 0 {
-		return c.damaged("chunk %d of %d holds %d entries, its commit recorded %d", seq, c.info.chunks, len(c.buf), n)
+		return c.Damaged("chunk %d of %d holds %d entries, its commit recorded %d", seq, c.info.chunks, len(c.buf), n)
 	}
 	if err := c.check(seq); err != nil {
 		return err

@@ -250,7 +250,7 @@ func migrateV1(ctx context.Context, tx *sql.Tx) error {
 //     (as the int64 with the same bits). A step's runs, ordered by hi, hold disjoint epoch
 //     ranges.
 //   - chunks: the blobs of the runs, numbered from 0 in each run, each with its entry count
-//     and its CRC-32C (chunkCRC).
+//     and its CRC-32C (runfmt.ChunkCRC).
 //   - step_sums stays, with a new meaning for sum: per step, the entry count and the sum of
 //     the checksum sums over all its runs (rows counts entries: snapshots, backups and
 //     tombstones kept).
@@ -329,14 +329,14 @@ func migrateV2(ctx context.Context, tx *sql.Tx) error {
 		var e item
 		var step string
 		var epoch int64
-		if err := rows.Scan(&step, &e.key, &epoch, &e.state, &e.dead); err != nil {
+		if err := rows.Scan(&step, &e.Key, &epoch, &e.State, &e.Dead); err != nil {
 			return err
 		}
-		e.epoch = uint64(epoch)
-		if e.dead {
-			e.state = nil
-		} else if e.state == nil {
-			e.state = []byte{}
+		e.Epoch = uint64(epoch)
+		if e.Dead {
+			e.State = nil
+		} else if e.State == nil {
+			e.State = []byte{}
 		}
 		if w == nil || w.info.step != step {
 			if err := end(); err != nil {
@@ -346,7 +346,7 @@ func migrateV2(ctx context.Context, tx *sql.Tx) error {
 			w = newRunWriter(ctx, tx, st.insert, step, id)
 			hashes = stepSum{}
 		}
-		hashes.add(rowHash(step, e.key, e.epoch, e.state, e.dead))
+		hashes.add(rowHash(step, e.Key, e.Epoch, e.State, e.Dead))
 		if err := w.add(&e); err != nil {
 			return err
 		}

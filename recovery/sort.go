@@ -1,23 +1,26 @@
 package recovery
 
 import (
-	"encoding/binary"
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // A commit's snapshots come in packs (Pack), in no order. Commit sorts each step's into run
-// order without copying them: it radix-sorts references into the packs (24 bytes a snapshot,
-// no pointers), and decodes each snapshot from its pack again when it writes the run.
+// order without copying them: it radix-sorts references into the packs (runfmt.SortKey: 24
+// bytes a snapshot, no pointers), and decodes each snapshot from its pack again when it writes
+// the run.
 
 // sortScratch is the memory sortPacks works in, kept by a store from one commit to the next:
 // with a million snapshots a commit, allocating it anew each time made the garbage collector
 // run about once a commit.
 type sortScratch struct {
-	keys, tmp []sortKey // the radix sort's (no pointers)
-	own       Pack      // Epoch.Snapshots, packed
+	keys, tmp []runfmt.SortKey // the radix sort's (no pointers)
+	own       Pack             // Epoch.Snapshots, packed
 }
 
 // grow returns s with length n, reusing its array if it is big enough.
@@ -28,22 +31,26 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// ref is where a snapshot is: its pack's index among the commit's, and its offset in it.
-type ref struct{ p, off uint32 }
+// ref is where a snapshot is (a runfmt.SortKey's Ref): its pack's index among the commit's in
+// the high 32 bits, its offset in it in the low ones.
+func ref(pack, off int) uint64 { return uint64(pack)<<32 | uint64(off) }
 
-// sortKey is what the sort sorts: the first sixteen bytes of a snapshot's key, big-endian (so
-// that comparing them compares those bytes; a shorter key is padded with zeros), and where the
-// snapshot is. Most keys differ in them; equal ones compare the keys.
-type sortKey struct {
-	hi, lo uint64
-	r      ref
-}
+// at returns the pack and offset of r.
+func at(r uint64) (pack, off int) { return int(r >> 32), int(uint32(r)) }
 
 // entries are the snapshots of one step of a commit in run order (by key, then epoch), as
 // references into the commit's packs.
 type entries struct {
 	packs []*Pack
-	keys  []sortKey
+	keys  []runfmt.SortKey
+}
+
+// decode decodes the snapshot k refers to.
+func (es *entries) decode(k *runfmt.SortKey) packed {
+	var r packed
+	p, off := at(k.Ref)
+	es.packs[p].decode(off, &r)
+	return r
 }
 
 // len is the number of entries.
@@ -53,15 +60,15 @@ func (es *entries) len() int { return len(es.keys) }
 // entry j-1 has the same key.
 func (es *entries) item(j int) item {
 	k := &es.keys[j]
-	var r packed
-	es.packs[k.r.p].decode(int(k.r.off), &r)
-	e := item{key: r.key, epoch: r.epoch, state: r.state, dead: r.dead}
+	r := es.decode(k)
+	e := item{Key: r.key, Epoch: r.epoch, State: r.state, Dead: r.dead}
 	if j > 0 {
 		// Keys whose first sixteen bytes differ differ: most neighbours are told apart
 		// without comparing the keys.
-		if p := &es.keys[j-1]; p.hi == k.hi && p.lo == k.lo {
-			_, key := es.packs[p.r.p].keyAt(int(p.r.off))
-			e.same = key == e.key
+		if p := &es.keys[j-1]; p.SamePrefix(k) {
+			pk, off := at(p.Ref)
+			_, key := es.packs[pk].keyAt(off)
+			e.Same = key == e.Key
 		}
 	}
 	return e
@@ -137,22 +144,20 @@ func sortPacks(packs []*Pack, sc *sortScratch) ([]stepEntries, error) {
 	}
 	sc.keys, sc.tmp = grow(sc.keys, n), grow(sc.tmp, n)
 	keys := sc.keys
-	at := slices.Clone(start[:len(steps)])
+	fill := slices.Clone(start[:len(steps)]) // where each step's next key goes
 	for i, p := range packs {
 		for off := 0; off < len(p.buf); {
 			var r packed
 			next := p.decode(off, &r)
 			j := local[i][r.step]
-			var w [16]byte
-			copy(w[:], r.key)
-			keys[at[j]] = sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), ref{uint32(i), uint32(off)}}
-			at[j]++
+			keys[fill[j]] = runfmt.MakeSortKey(r.key, ref(i, off))
+			fill[j]++
 			off = next
 		}
 	}
 	out := make([]stepEntries, len(steps))
 	for j, step := range steps {
-		es := entries{packs: packs, keys: radixSort(keys[start[j]:start[j+1]], sc.tmp[start[j]:start[j+1]])}
+		es := entries{packs: packs, keys: runfmt.RadixSort(keys[start[j]:start[j+1]], sc.tmp[start[j]:start[j+1]])}
 		if err := es.sortTies(step); err != nil {
 			return nil, err
 		}
@@ -169,30 +174,19 @@ func (es *entries) sortTies(step string) error {
 	keys := es.keys
 	for lo := 0; lo < len(keys); {
 		hi := lo + 1
-		for hi < len(keys) && keys[hi].hi == keys[lo].hi && keys[hi].lo == keys[lo].lo {
+		for hi < len(keys) && keys[hi].SamePrefix(&keys[lo]) {
 			hi++
 		}
 		if hi-lo > 1 {
-			decode := func(k sortKey) packed {
-				var r packed
-				es.packs[k.r.p].decode(int(k.r.off), &r)
-				return r
-			}
-			slices.SortFunc(keys[lo:hi], func(a, b sortKey) int {
-				x, y := decode(a), decode(b)
+			slices.SortFunc(keys[lo:hi], func(a, b runfmt.SortKey) int {
+				x, y := es.decode(&a), es.decode(&b)
 				if c := strings.Compare(x.key, y.key); c != 0 {
 					return c
 				}
-				switch {
-				case x.epoch < y.epoch:
-					return -1
-				case x.epoch > y.epoch:
-					return 1
-				}
-				return 0
+				return cmp.Compare(x.epoch, y.epoch)
 			})
 			for i := lo + 1; i < hi; i++ {
-				x, y := decode(keys[i-1]), decode(keys[i])
+				x, y := es.decode(&keys[i-1]), es.decode(&keys[i])
 				if x.key == y.key && x.epoch == y.epoch {
 					return fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", step, y.key, y.epoch)
 				}
@@ -201,41 +195,4 @@ func (es *entries) sortTies(step string) error {
 		lo = hi
 	}
 	return nil
-}
-
-// radixSort sorts keys by (hi, lo), a byte at a time from the least significant (stable; a
-// byte that all keys share, such as those of a common prefix, costs one counting pass),
-// using tmp (as long as keys) as scratch. It returns the sorted slice: keys or tmp.
-func radixSort(keys, tmp []sortKey) []sortKey {
-	if len(keys) == 0 {
-		return keys
-	}
-	for pass := range 16 {
-		shift := uint(pass%8) * 8
-		word := func(k *sortKey) uint64 {
-			if pass < 8 {
-				return k.lo
-			}
-			return k.hi
-		}
-		var count [256]int
-		for j := range keys {
-			count[byte(word(&keys[j])>>shift)]++
-		}
-		if count[byte(word(&keys[0])>>shift)] == len(keys) {
-			continue
-		}
-		pos := 0
-		for b, c := range count {
-			count[b] = pos
-			pos += c
-		}
-		for j := range keys {
-			b := byte(word(&keys[j]) >> shift)
-			tmp[count[b]] = keys[j]
-			count[b]++
-		}
-		keys, tmp = tmp, keys
-	}
-	return keys
 }

@@ -588,7 +588,7 @@ func (s *SQLiteStore) Steps(ctx context.Context) ([]StepInfo, error) {
 			st.Rows = int(totals(runs).rows)
 		}, func(e *item) error {
 			st.Keys++
-			st.Bytes += int64(len(e.state))
+			st.Bytes += int64(len(e.State))
 			return nil
 		})
 		if errors.Is(err, ErrDamaged) {

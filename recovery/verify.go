@@ -25,7 +25,7 @@ import (
 //     read-only open (recovery inspect) checks every table but chunks, and Verify then the
 //     whole file, so that inspect can show what a damaged store holds.
 //   - At each commit, every chunk row records its entry count and the CRC-32C of its blob,
-//     run id and position (chunkCRC); every run row its entry and chunk counts and the sum
+//     run id and position (runfmt.ChunkCRC); every run row its entry and chunk counts and the sum
 //     of its chunks' checksums; the step_sums table, per step, the entry count and checksum
 //     sum over its runs, all written in the commit's transaction. A commit checks that a
 //     step's runs add up to its step_sums entry before it adds a run, and its compaction

@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -12,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/epochflow/epochflow/recovery"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // Commit implements recovery.Store. It sorts the commit's snapshots of each step into a run,
@@ -135,14 +136,6 @@ type stepEntries struct {
 	entries []item
 }
 
-// sortKey is what sortCommit sorts: the first sixteen bytes of a snapshot's key, big-endian
-// (so that comparing them compares those bytes; a shorter key is padded with zeros), and the
-// snapshot's index. It holds no pointer: the garbage collector does not scan a million of them.
-type sortKey struct {
-	hi, lo uint64
-	i      int32
-}
-
 // sortCommit groups the commit's snapshots by step (ascending) and sorts each step's into run
 // order: a radix sort of the keys' first sixteen bytes, then a sort by the whole key and epoch
 // of the keys that share them. A (step, key, epoch) that appears twice is an error.
@@ -172,11 +165,11 @@ func sortCommit(e *recovery.Epoch) ([]stepEntries, error) {
 			}
 			last = j
 		}
-		it := item{key: sn.Key, epoch: sn.Epoch, dead: sn.Deleted}
+		it := item{Key: sn.Key, Epoch: sn.Epoch, Dead: sn.Deleted}
 		if !sn.Deleted {
-			it.state = sn.State
-			if it.state == nil {
-				it.state = []byte{}
+			it.State = sn.State
+			if it.State == nil {
+				it.State = []byte{}
 			}
 		}
 		items = append(items, it)
@@ -184,76 +177,39 @@ func sortCommit(e *recovery.Epoch) ([]stepEntries, error) {
 		counts[j]++
 	}
 	out := make([]stepEntries, len(names))
-	keys, tmp := make([]sortKey, 0, n), make([]sortKey, n)
+	// The sort keys (runfmt.SortKey: no pointers, so the garbage collector does not scan a
+	// million of them) refer to items by index.
+	keys, tmp := make([]runfmt.SortKey, 0, n), make([]runfmt.SortKey, n)
 	for j := range names {
 		keys = keys[:0]
 		for i := range items {
 			if len(names) == 1 || stepOf[i] == int32(j) {
-				var w [16]byte
-				copy(w[:], items[i].key)
-				keys = append(keys, sortKey{binary.BigEndian.Uint64(w[:8]), binary.BigEndian.Uint64(w[8:]), int32(i)})
+				keys = append(keys, runfmt.MakeSortKey(items[i].Key, uint64(i)))
 			}
 		}
-		ks := radixSort(keys, tmp[:len(keys)])
+		ks := runfmt.RadixSort(keys, tmp[:len(keys)])
 		// Keys with the same sixteen first bytes are ordered by the whole key, then epoch.
 		for lo := 0; lo < len(ks); {
 			hi := lo + 1
-			for hi < len(ks) && ks[hi].hi == ks[lo].hi && ks[hi].lo == ks[lo].lo {
+			for hi < len(ks) && ks[hi].SamePrefix(&ks[lo]) {
 				hi++
 			}
 			if hi-lo > 1 {
-				slices.SortFunc(ks[lo:hi], func(a, b sortKey) int { return items[a.i].compare(&items[b.i]) })
+				slices.SortFunc(ks[lo:hi], func(a, b runfmt.SortKey) int { return items[a.Ref].Compare(&items[b.Ref]) })
 			}
 			lo = hi
 		}
 		es := make([]item, len(ks))
 		for i, k := range ks {
-			es[i] = items[k.i]
-			if i > 0 && es[i-1].epoch == es[i].epoch && es[i-1].key == es[i].key {
-				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", names[j], es[i].key, es[i].epoch)
+			es[i] = items[k.Ref]
+			if i > 0 && es[i-1].Epoch == es[i].Epoch && es[i-1].Key == es[i].Key {
+				return nil, fmt.Errorf("snapshot of step %q key %q epoch %d appears twice", names[j], es[i].Key, es[i].Epoch)
 			}
 		}
 		out[j] = stepEntries{names[j], es}
 	}
 	slices.SortFunc(out, func(a, b stepEntries) int { return strings.Compare(a.step, b.step) })
 	return out, nil
-}
-
-// radixSort sorts keys by (hi, lo), a byte at a time from the least significant (stable; a
-// byte that all keys share, as those of a common prefix, costs one counting pass), using tmp
-// (as long as keys) as scratch. It returns the sorted slice: keys or tmp.
-func radixSort(keys, tmp []sortKey) []sortKey {
-	if len(keys) < 2 {
-		return keys
-	}
-	for pass := range 16 {
-		shift := uint(pass%8) * 8
-		word := func(k *sortKey) uint64 {
-			if pass < 8 {
-				return k.lo
-			}
-			return k.hi
-		}
-		var count [256]int
-		for j := range keys {
-			count[byte(word(&keys[j])>>shift)]++
-		}
-		if count[byte(word(&keys[0])>>shift)] == len(keys) {
-			continue
-		}
-		pos := 0
-		for b, c := range count {
-			count[b] = pos
-			pos += c
-		}
-		for j := range keys {
-			b := byte(word(&keys[j]) >> shift)
-			tmp[count[b]] = keys[j]
-			count[b]++
-		}
-		keys, tmp = tmp, keys
-	}
-	return keys
 }
 
 // advanceHorizon computes the garbage collection horizon at commit time now, inside the
@@ -320,7 +276,7 @@ func (s *Store) writeStep(ctx context.Context, tx pgx.Tx, st stepEntries, epoch,
 	prev := ""
 	eachKept(st.entries, horizon, len(runs) == 0, func(e *item) error {
 		own += size(prev, e)
-		prev = e.key
+		prev = e.Key
 		return nil
 	})
 	start := plan(append(sizes, own))
@@ -348,7 +304,7 @@ func (s *Store) writeStep(ctx context.Context, tx pgx.Tx, st stepEntries, epoch,
 
 // mergeRuns merges the runs merged of step and the commit's entries own (in run order, newer
 // than the runs) into run id, keeping what garbage collection at horizon leaves of each key
-// (collectGroup; prefix: merged starts with the step's oldest run), and deletes the merged
+// (runfmt.CollectGroup; prefix: merged starts with the step's oldest run), and deletes the merged
 // runs. It verifies every chunk it reads. It returns false if nothing is left (no run was
 // written).
 func (s *Store) mergeRuns(ctx context.Context, tx pgx.Tx, step string, merged []runInfo, own []item, prefix bool, epoch, horizon uint64, id int64) (runInfo, bool, error) {
@@ -358,19 +314,19 @@ func (s *Store) mergeRuns(ctx context.Context, tx pgx.Tx, step string, merged []
 		sources = append(sources, s.newRunCursor(ctx, tx, r, true))
 	}
 	sources = append(sources, &memSource{s: s, step: step, items: own})
-	m, err := newMerger(sources)
+	m, err := runfmt.NewMerger(sources)
 	if err != nil {
 		return runInfo{}, false, err
 	}
 	for {
-		g, err := m.next()
+		g, err := m.Next()
 		if err != nil {
 			return runInfo{}, false, err
 		}
 		if g == nil {
 			break
 		}
-		for _, e := range collectGroup(g, horizon, prefix) {
+		for _, e := range runfmt.CollectGroup(g, horizon, prefix) {
 			if err := w.add(&e); err != nil {
 				return runInfo{}, false, err
 			}
@@ -407,14 +363,14 @@ func (s *Store) writeStepSum(ctx context.Context, tx pgx.Tx, step string, runs [
 	return nil
 }
 
-// eachKept calls fn with what collectGroup keeps of each key's entries of es (in run order).
+// eachKept calls fn with what runfmt.CollectGroup keeps of each key's entries of es (in run order).
 func eachKept(es []item, horizon uint64, prefix bool, fn func(*item) error) error {
 	for i := 0; i < len(es); {
 		j := i + 1
-		for j < len(es) && es[j].key == es[i].key {
+		for j < len(es) && es[j].Key == es[i].Key {
 			j++
 		}
-		kept := collectGroup(es[i:j], horizon, prefix)
+		kept := runfmt.CollectGroup(es[i:j], horizon, prefix)
 		for k := range kept {
 			if err := fn(&kept[k]); err != nil {
 				return err

@@ -10,6 +10,8 @@ import (
 
 	"github.com/epochflow/epochflow/internal/storecheck"
 	"github.com/epochflow/epochflow/recovery"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // Load implements recovery.Store. It reads the step's runs in one read-only transaction
@@ -20,7 +22,7 @@ func (s *Store) Load(ctx context.Context, step string, fn func(key string, epoch
 	var fnErr error
 	err := s.read(ctx, func(tx pgx.Tx) error {
 		return s.scan(ctx, tx, step, storecheck.On(), nil, func(e *item) error {
-			if fnErr = fn(e.key, e.epoch, e.state); fnErr != nil {
+			if fnErr = fn(e.Key, e.Epoch, e.State); fnErr != nil {
 				return fnErr
 			}
 			return nil
@@ -62,19 +64,19 @@ func (s *Store) scan(ctx context.Context, tx pgx.Tx, step string, verify bool, o
 	for i, r := range runs {
 		sources[i] = s.newRunCursor(ctx, tx, r, verify)
 	}
-	m, err := newMerger(sources)
+	m, err := runfmt.NewMerger(sources)
 	if err != nil {
 		return err
 	}
 	for {
-		g, err := m.next()
+		g, err := m.Next()
 		if err != nil {
 			return err
 		}
 		if g == nil {
 			return nil
 		}
-		if newest := &g[len(g)-1]; !newest.dead {
+		if newest := &g[len(g)-1]; !newest.Dead {
 			if err := emit(newest); err != nil {
 				return err
 			}
@@ -99,7 +101,7 @@ func (s *Store) Steps(ctx context.Context) ([]recovery.StepInfo, error) {
 				st.Rows = int(totals(runs).entries)
 			}, func(e *item) error {
 				st.Keys++
-				st.Bytes += int64(len(e.state))
+				st.Bytes += int64(len(e.State))
 				return nil
 			})
 			if err != nil {

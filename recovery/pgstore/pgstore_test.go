@@ -103,14 +103,14 @@ func (s *Store) entries(ctx context.Context) ([]storetest.Entry, error) {
 			for _, r := range runs {
 				c := s.newRunCursor(ctx, tx, r, true)
 				for {
-					e, err := c.next()
+					e, err := c.Next()
 					if err != nil {
 						return err
 					}
 					if e == nil {
 						break
 					}
-					out = append(out, storetest.Entry{Step: step, Key: e.key, Epoch: e.epoch, Dead: e.dead})
+					out = append(out, storetest.Entry{Step: step, Key: e.Key, Epoch: e.Epoch, Dead: e.Dead})
 				}
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/epochflow/epochflow/recovery/internal/runfmt"
 )
 
 // How runs (chunk.go) live in the tables: a row of runs per run (its step, entry and chunk
@@ -124,7 +126,7 @@ type runWriter struct {
 	ctx     context.Context
 	tx      pgx.Tx
 	info    runInfo
-	enc     encoder
+	enc     runfmt.Encoder
 	pending [][]any // chunk rows not yet sent
 }
 
@@ -135,8 +137,8 @@ func (s *Store) newRunWriter(ctx context.Context, tx pgx.Tx, step string, id int
 // add appends e to the run.
 func (w *runWriter) add(e *item) error {
 	w.info.entries++
-	w.enc.add(e)
-	if len(w.enc.buf) >= chunkTarget {
+	w.enc.Add(e)
+	if len(w.enc.Buf) >= chunkTarget {
 		return w.closeChunk()
 	}
 	return nil
@@ -145,17 +147,17 @@ func (w *runWriter) add(e *item) error {
 // closeChunk ends the chunk being built, if it holds entries, and sends the pending chunks
 // once there are copyBatch of them.
 func (w *runWriter) closeChunk() error {
-	if w.enc.entries == 0 {
+	if w.enc.Entries == 0 {
 		return nil
 	}
-	data := slices.Clone(w.enc.buf)
+	data := slices.Clone(w.enc.Buf)
 	seq := w.info.chunks
-	crc := chunkCRC(w.info.id, seq, data)
-	w.pending = append(w.pending, []any{w.info.id, int32(seq), int32(w.enc.entries), int64(crc), data})
+	crc := runfmt.ChunkCRC(w.info.id, seq, data)
+	w.pending = append(w.pending, []any{w.info.id, int32(seq), int32(w.enc.Entries), int64(crc), data})
 	w.info.chunks++
 	w.info.sum += uint64(crc)
 	w.info.bytes += int64(len(data))
-	w.enc.buf, w.enc.prev, w.enc.entries = w.enc.buf[:0], "", 0
+	w.enc.Reset()
 	if len(w.pending) >= copyBatch {
 		return w.send()
 	}
@@ -212,8 +214,9 @@ type runCursor struct {
 	run    runInfo
 	verify bool
 
-	seq     int    // the next chunk to fetch
-	chunks  []item // the decoded entries of the fetched chunks
+	seq     int              // the next chunk to fetch
+	chunks  []item           // the decoded entries of the fetched chunks
+	spans   []runfmt.KeySpan // runfmt.DecodeChunk's scratch
 	pos     int
 	entries int64
 	sum     uint64
@@ -225,13 +228,13 @@ func (s *Store) newRunCursor(ctx context.Context, tx pgx.Tx, r runInfo, verify b
 	return &runCursor{s: s, ctx: ctx, tx: tx, run: r, verify: verify}
 }
 
-// damaged is the error of damage found in the cursor's run.
-func (c *runCursor) damaged(format string, args ...any) error {
+// Damaged is the error of damage found in the cursor's run.
+func (c *runCursor) Damaged(format string, args ...any) error {
 	return c.s.damaged(fmt.Sprintf("step %q: run %d (of the commit of epoch %d): ", c.run.step, c.run.id, c.run.epoch) + fmt.Sprintf(format, args...))
 }
 
-// next returns the run's next entry (valid until the next call), or nil after the last.
-func (c *runCursor) next() (*item, error) {
+// Next returns the run's Next entry (valid until the Next call), or nil after the last.
+func (c *runCursor) Next() (*item, error) {
 	for c.pos == len(c.chunks) {
 		if c.done {
 			return nil, nil
@@ -243,10 +246,10 @@ func (c *runCursor) next() (*item, error) {
 	e := &c.chunks[c.pos]
 	c.pos++
 	if c.verify {
-		if c.entries > 0 && c.prev.compare(e) >= 0 {
-			return nil, c.damaged("entry %q epoch %d follows %q epoch %d", e.key, e.epoch, c.prev.key, c.prev.epoch)
+		if c.entries > 0 && c.prev.Compare(e) >= 0 {
+			return nil, c.Damaged("entry %q epoch %d follows %q epoch %d", e.Key, e.Epoch, c.prev.Key, c.prev.Epoch)
 		}
-		c.prev.key, c.prev.epoch = e.key, e.epoch
+		c.prev.Key, c.prev.Epoch = e.Key, e.Epoch
 	}
 	c.entries++
 	return e, nil
@@ -258,7 +261,7 @@ func (c *runCursor) fetch() error {
 	if c.seq >= c.run.chunks {
 		c.done = true
 		if c.verify && (c.entries != c.run.entries || c.sum != c.run.sum) {
-			return c.damaged("its chunks hold %d entries, checksum sum %d; its commit recorded %d entries, sum %d",
+			return c.Damaged("its chunks hold %d entries, checksum sum %d; its commit recorded %d entries, sum %d",
 				c.entries, c.sum, c.run.entries, c.run.sum)
 		}
 		return nil
@@ -278,20 +281,20 @@ func (c *runCursor) fetch() error {
 			return err
 		}
 		if seq != c.seq {
-			return c.damaged("chunk %d is missing", c.seq)
+			return c.Damaged("chunk %d is missing", c.seq)
 		}
 		before := len(c.chunks)
-		if c.chunks, err = decodeChunk(data, c.chunks); err != nil && c.verify {
-			return c.damaged("chunk %d: %v", seq, err)
+		if c.chunks, err = runfmt.DecodeChunk(data, c.chunks, &c.spans); err != nil && c.verify {
+			return c.Damaged("chunk %d: %v", seq, err)
 		} else if err != nil {
 			return fmt.Errorf("step %q: run %d: chunk %d: %w", c.run.step, c.run.id, seq, err)
 		}
 		if c.verify {
-			if got := chunkCRC(c.run.id, seq, data); uint32(crc) != got || crc>>32 != 0 {
-				return c.damaged("chunk %d has checksum %08x, its row records %08x", seq, got, crc)
+			if got := runfmt.ChunkCRC(c.run.id, seq, data); uint32(crc) != got || crc>>32 != 0 {
+				return c.Damaged("chunk %d has checksum %08x, its row records %08x", seq, got, crc)
 			}
 			if got := len(c.chunks) - before; got != entries {
-				return c.damaged("chunk %d holds %d entries, its row records %d", seq, got, entries)
+				return c.Damaged("chunk %d holds %d entries, its row records %d", seq, got, entries)
 			}
 		}
 		c.sum += uint64(uint32(crc))
@@ -302,7 +305,7 @@ func (c *runCursor) fetch() error {
 		return err
 	}
 	if n == 0 {
-		return c.damaged("chunk %d is missing", c.seq)
+		return c.Damaged("chunk %d is missing", c.seq)
 	}
 	return nil
 }
