@@ -361,7 +361,7 @@ func closingLine(logger *slog.Logger, flow, recoveryDir string, st Stats, err er
 	case err == nil && !st.Stopped && st.Read == 0 && st.ResumedAfter > 0:
 		logger.Info("finished with nothing to read: every source ended at once, with nothing after the position "+
 			"the recovery store resumed from (an earlier run had read it up to there); nothing was written. "+
-			"A new -recovery directory reads the sources from the start", append(attrs, "resumed_after_epoch", st.ResumedAfter)...)
+			"A new -recovery directory (with a PostgreSQL store, another ?schema=) reads the sources from the start", append(attrs, "resumed_after_epoch", st.ResumedAfter)...)
 	case err == nil && !st.Stopped:
 		logger.Info("finished: every source ended, and everything read was processed, written and committed", attrs...)
 	case err == nil && recoveryDir != "":

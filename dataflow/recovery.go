@@ -30,7 +30,7 @@ func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Con
 	}
 	if n := len(execs); n > 0 && execs[n-1].Flow != f.name {
 		return 0, fmt.Errorf("%w: the recovery store was written by flow %q, not %q; "+
-			"run %q with a new recovery directory", recovery.ErrOtherFlow, execs[n-1].Flow, f.name, f.name)
+			"run %q with a new recovery directory (with a PostgreSQL store, another ?schema=)", recovery.ErrOtherFlow, execs[n-1].Flow, f.name, f.name)
 	}
 	stored, err := store.StepIDs(ctx)
 	if err != nil {
@@ -46,7 +46,7 @@ func (f *Flow) resume(ctx context.Context, store recovery.Store, cfg *engine.Con
 	if len(unknown) > 0 {
 		return 0, fmt.Errorf("the recovery store holds the state of step %s, which flow %q does not have: "+
 			"it was written by another flow or by another version of this one; "+
-			"run with a new recovery directory, or with the flow that wrote it",
+			"run with a new recovery directory (with a PostgreSQL store, another ?schema=), or with the flow that wrote it",
 			strings.Join(unknown, ", "), f.name)
 	}
 	res, err := store.Begin(ctx, recovery.Execution{Flow: f.name, Steps: ids, Workers: total})
