@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -37,17 +36,31 @@ func TestClusterReadyOnlyWithPeers(t *testing.T) {
 	defer cancel()
 	mons := []*dataflow.Monitor{dataflow.NewMonitor(), dataflow.NewMonitor()}
 	var servers []*httptest.Server
+	var logs syncBuffer
+	errs := make([]error, 2)
+	var errMu sync.Mutex
+	t.Cleanup(func() {
+		if t.Failed() {
+			errMu.Lock()
+			t.Logf("Run returned: process 0 %v, process 1 %v\nlogs:\n%s", errs[0], errs[1], logs.String())
+			errMu.Unlock()
+		}
+	})
 	start := func(p int) {
 		f := build()
 		srv := httptest.NewServer(mons[p].Handler(f, false))
 		t.Cleanup(srv.Close)
 		servers = append(servers, srv)
-		o := dataflow.Options{Workers: 1, EpochInterval: 10 * time.Millisecond, Monitor: mons[p], Logger: slog.New(slog.DiscardHandler),
+		o := dataflow.Options{Workers: 1, EpochInterval: 10 * time.Millisecond, Monitor: mons[p],
+			Logger:  slog.New(slog.NewTextHandler(&logs, nil)).With("test_process", p),
 			Cluster: &dataflow.ClusterOptions{Addresses: addrs, Process: p, Secret: "s", StartTimeout: time.Minute}}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dataflow.Run(ctx, f, o)
+			err := dataflow.Run(ctx, f, o)
+			errMu.Lock()
+			errs[p] = err
+			errMu.Unlock()
 		}()
 	}
 	readyz := func(p int) int {
@@ -59,13 +72,7 @@ func TestClusterReadyOnlyWithPeers(t *testing.T) {
 		return resp.StatusCode
 	}
 	start(0)
-	waitFor(t, 30*time.Second, "process 0 to listen", func() bool {
-		c, err := net.Dial("tcp", addrs[0])
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	waitFor(t, 30*time.Second, "process 0 to listen", func() bool { return listening(addrs[0]) })
 	if code := readyz(0); code != http.StatusServiceUnavailable {
 		t.Fatalf("process 0 alone, waiting for its peer: /readyz %d, want 503", code)
 	}

@@ -31,6 +31,22 @@ func freeAddrs(t interface{ Fatal(...any) }, n int) []string {
 	return addrs
 }
 
+// listening tells whether a process listens on addr. A probe that TCP connected to itself
+// (nothing listening yet, and the kernel picked addr's port as the source port) is reset, so
+// that it leaves no TIME_WAIT on the port to keep the process from listening there.
+func listening(addr string) bool {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return false
+	}
+	self := c.LocalAddr().String() == c.RemoteAddr().String()
+	if self {
+		c.(*net.TCPConn).SetLinger(0)
+	}
+	c.Close()
+	return !self
+}
+
 // runCluster runs build's flow on len(addrs) processes in this test binary, over loopback gRPC,
 // and returns each process's error.
 func runCluster(ctx context.Context, addrs []string, workers int, opts dataflow.Options, build func() *dataflow.Flow) []error {

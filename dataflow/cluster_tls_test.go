@@ -181,13 +181,7 @@ func TestClusterMutualTLS(t *testing.T) {
 	start(0)
 	start(1)
 	refusals := func() int { return strings.Count(logs[0].String(), "refused a connection to the cluster port") }
-	waitFor(t, 30*time.Second, "process 0 to listen", func() bool {
-		c, err := net.Dial("tcp", addrs[0])
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	waitFor(t, 30*time.Second, "process 0 to listen", func() bool { return listening(addrs[0]) })
 	waitFor(t, 30*time.Second, "the probe's refusal", func() bool { return refusals() >= 1 })
 	n := refusals()
 

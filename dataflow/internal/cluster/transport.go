@@ -332,7 +332,7 @@ func (t *Transport) dial(ctx context.Context, p *peerConn, deadline time.Time) e
 		grpc.WithTransportCredentials(&creds{secret: t.cfg.Secret, self: t.cfg.Process, to: p.id, log: t.log,
 			tls: t.cfg.TLS, addrs: t.cfg.Addresses}),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(maxFrame)),
-		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window), grpc.WithContextDialer(dialPeer),
 		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: handshakeMax,
 			Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
 	if err != nil {
