@@ -227,7 +227,11 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 	// A cluster shares fate: its processes are started again together (by hand or by
 	// Kubernetes), not one by one; and only process 0 opens the recovery store.
 	follower := false
+	ignoredRestarts := 0 // a -restart-attempts that a cluster ignores, to say so
 	if clusterOpts != nil && len(clusterOpts.Addresses) > 1 {
+		if set["restart-attempts"] {
+			ignoredRestarts = *restarts
+		}
 		*restarts = 0
 		follower = clusterOpts.Process != 0
 	}
@@ -291,6 +295,11 @@ func mainFunc(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, build f
 	if *graph {
 		fmt.Fprint(stdout, flow.Mermaid())
 		return 0
+	}
+	if ignoredRestarts > 0 {
+		logger.Warn(fmt.Sprintf("-restart-attempts %d is ignored on a cluster of several processes: a failed run exits "+
+			"non-zero, and the processes are started again together (by hand, a supervisor or Kubernetes)", ignoredRestarts),
+			"restart_attempts", ignoredRestarts)
 	}
 	if cores := runtime.NumCPU(); *workers > maxWorkersPerCore*cores {
 		logger.Warn(fmt.Sprintf("-workers %d is more than %d times the %d cores: workers beyond the cores add no speed, "+

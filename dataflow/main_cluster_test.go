@@ -8,10 +8,14 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"flag"
+	"io"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -87,5 +91,42 @@ func TestClusterFlags(t *testing.T) {
 	fs.Parse([]string{"-addresses", "a:1,b:2", "-cluster-secret", "s"})
 	if _, ok := cf.options(&stderr, "/tmp/store"); !ok {
 		t.Errorf("-recovery with a cluster: ok=%v, %q", ok, stderr.String())
+	}
+}
+
+// On a cluster of several processes, -restart-attempts is ignored (the processes are started
+// again together), and a process given it says so rather than ignoring it silently.
+func TestClusterSaysRestartAttemptsIsIgnored(t *testing.T) {
+	var addrs []string
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, l.Addr().String())
+		l.Close()
+	}
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	logs := make([]bytes.Buffer, 2)
+	for p := range 2 {
+		args := []string{"-addresses", strings.Join(addrs, ","), "-process-id", strconv.Itoa(p), "-cluster-secret", "s",
+			"-restart-attempts", "3", "-recovery", dir}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fs := flag.NewFlagSet("x", flag.ContinueOnError)
+			codes[p] = mainFunc(fs, args, io.Discard, &logs[p], func() (*Flow, error) { return smallFlow(), nil })
+		}()
+	}
+	wg.Wait()
+	for p := range 2 {
+		if codes[p] != 0 {
+			t.Errorf("process %d: exit %d\n%s", p, codes[p], logs[p].String())
+		}
+		if !strings.Contains(logs[p].String(), "-restart-attempts 3 is ignored on a cluster of several processes") {
+			t.Errorf("process %d does not say that -restart-attempts is ignored:\n%s", p, logs[p].String())
+		}
 	}
 }
