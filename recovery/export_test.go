@@ -40,3 +40,11 @@ func CompactAll(s Store) (err error) {
 	compactAll(panicFataler{}, s.(*SQLiteStore))
 	return nil
 }
+
+// SetChunkTarget sets the size at which the run writer closes a chunk (runs of one chunk, or of
+// a chunk per entry or two), and returns the one it replaced.
+func SetChunkTarget(n int) int {
+	old := chunkTarget
+	chunkTarget = n
+	return old
+}

@@ -5,14 +5,17 @@ import (
 	"path/filepath"
 	"testing"
 
+	"pgregory.net/rapid"
+
 	"github.com/epochflow/epochflow/recovery"
 	"github.com/epochflow/epochflow/recovery/storetest"
 )
 
-// The SQLite store keeps the contract every store does (recovery/storetest). Its own tests
-// (sqlite_test.go, property_test.go) check the same and what is SQLite's only: files, the
-// directory lock, migrations, damage to the file.
+// The SQLite store keeps the contract every store does (recovery/storetest), with the random
+// model over runs of every chunk size. Its own tests (sqlite_test.go) check what is SQLite's
+// only: files, the directory lock, migrations, damage to the file.
 func TestStoreContract(t *testing.T) {
+	defer recovery.SetChunkTarget(recovery.SetChunkTarget(256 << 10))
 	storetest.Run(t, storetest.Harness{
 		New: func(t *testing.T) storetest.Opener {
 			dir := t.TempDir()
@@ -35,7 +38,9 @@ func TestStoreContract(t *testing.T) {
 		Verify:    func(ctx context.Context, s recovery.Store) error { return s.(*recovery.SQLiteStore).Verify(ctx) },
 		ReadOnly:  true,
 		Exclusive: true,
-		// TestStoreProperties runs the same model (and checks the compactions too).
-		SkipProperties: true,
+		// Runs of one chunk, or of a chunk per entry or two.
+		Vary: func(t *rapid.T) {
+			recovery.SetChunkTarget(rapid.SampledFrom([]int{1, 8, 256 << 10}).Draw(t, "chunk size"))
+		},
 	})
 }

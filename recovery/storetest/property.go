@@ -245,6 +245,9 @@ func compareEntries(a, b Entry) int {
 // properties runs the model test.
 func (su suite) properties(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
+		if su.h.Vary != nil {
+			su.h.Vary(rt)
+		}
 		m := &storeMachine{h: su.h, open: su.h.New(t), clk: newClock(), snaps: map[modelKey][]modelSnap{}}
 		m.start(rt)
 		defer func() { m.s.Close() }()

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"pgregory.net/rapid"
+
 	"github.com/epochflow/epochflow/recovery"
 )
 
@@ -63,9 +65,12 @@ type Harness struct {
 	// Exclusive: a second read-write open of a store that is open for writing is refused
 	// with an error wrapping recovery.ErrInUse, and works once the first is closed.
 	Exclusive bool
-	// SkipProperties leaves out the random model test, for an implementation whose own
-	// tests run the same model already (the SQLite store's TestStoreProperties, which also
-	// checks its compactions): it takes a minute under the race detector.
+	// Vary, if set, is called at the start of each case of the random model test, before
+	// the case's store is opened, to draw the implementation's own settings (the SQLite
+	// store's test draws its chunk size), so that rapid shrinks and replays them too.
+	Vary func(t *rapid.T)
+	// SkipProperties leaves out the random model test (it takes a minute under the race
+	// detector).
 	SkipProperties bool
 }
 
