@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"pgregory.net/rapid"
 
-	"github.com/epochflow/epochflow/connectors/flowtest"
 	"github.com/epochflow/epochflow/dataflow"
-	"github.com/epochflow/epochflow/operators"
 )
 
 // freeAddrs returns n loopback addresses whose ports were free a moment ago.
@@ -74,81 +71,18 @@ func runCluster(ctx context.Context, addrs []string, workers int, opts dataflow.
 func TestClusterEqualsSequentialModel(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
 	rapid.Check(t, func(rt *rapid.T) {
-		keys := rapid.IntRange(1, 20).Draw(rt, "keys")
-		parts := rapid.IntRange(1, 5).Draw(rt, "partitions")
-		var scripts [][]flowtest.Event[int]
-		var all []int
-		for p := range parts {
-			var script []flowtest.Event[int]
-			for c := range rapid.IntRange(0, 4).Draw(rt, fmt.Sprint("chunks", p)) {
-				items := rapid.SliceOfN(rapid.IntRange(-1000, 1000), 0, 60).Draw(rt, fmt.Sprint("items", p, c))
-				all = append(all, items...)
-				script = append(script, flowtest.Items(items...))
-				if rapid.Bool().Draw(rt, fmt.Sprint("pause", p, c)) {
-					script = append(script, flowtest.Pause[int](time.Duration(rapid.IntRange(0, 3).Draw(rt, "pause_ms"))*time.Millisecond))
-				}
-			}
-			scripts = append(scripts, script)
-		}
-		key := func(v int) string { return fmt.Sprint("k", ((v%keys)+keys)%keys) }
-		src := flowtest.NewSource(rapid.IntRange(1, 50).Draw(rt, "batch"), scripts...)
-		countOut := flowtest.NewSink[dataflow.KV[int]]()
-		joinOut := flowtest.NewSink[dataflow.KV[operators.JoinRow[int]]]()
-		build := func() *dataflow.Flow {
-			f := dataflow.New("prop")
-			in := operators.Input(f, "in", src.Input())
-			keyed := operators.KeyOn("key", in, key)
-			counts := operators.StatefulMap("count", keyed, func(n int, _ int) (int, int, bool) { return n + 1, n + 1, true })
-			countSums := operators.Reduce("sum_counts", counts, func(a, b int) int { return a + b })
-			valueSums := operators.Reduce("sum_values", keyed, func(a, b int) int { return a + b })
-			joined := operators.Join("join", operators.JoinOptions{Emit: operators.EmitComplete}, valueSums, countSums)
-			operators.Output("counts_out", counts, countOut.Output())
-			operators.Output("join_out", joined, joinOut.Output())
-			return f
-		}
+		m := drawModel(rt, 5, 4)
 		procs := rapid.IntRange(1, 3).Draw(rt, "processes")
 		workers := rapid.IntRange(1, 3).Draw(rt, "workers")
 		opts := dataflow.Options{Logger: quiet,
 			EpochInterval: time.Duration(rapid.IntRange(100, 5000).Draw(rt, "epoch_us")) * time.Microsecond}
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		for p, err := range runCluster(ctx, freeAddrs(rt, procs), workers, opts, build) {
+		for p, err := range runCluster(ctx, freeAddrs(rt, procs), workers, opts, m.build) {
 			if err != nil {
 				rt.Fatalf("process %d: %v", p, err)
 			}
 		}
-
-		// The model.
-		n := map[string]int{}
-		sumCounts := map[string]int{}
-		sumValues := map[string]int{}
-		var wantCounts []string
-		for _, v := range all {
-			k := key(v)
-			n[k]++
-			wantCounts = append(wantCounts, fmt.Sprint(k, "=", n[k]))
-			sumCounts[k] += n[k]
-			sumValues[k] += v
-		}
-		var wantJoin []string
-		for k := range n {
-			wantJoin = append(wantJoin, fmt.Sprint(k, "=", sumValues[k], ",", sumCounts[k]))
-		}
-		var gotCounts, gotJoin []string
-		for _, kv := range countOut.Items() {
-			gotCounts = append(gotCounts, fmt.Sprint(kv.Key, "=", kv.Value))
-		}
-		for _, kv := range joinOut.Items() {
-			gotJoin = append(gotJoin, fmt.Sprint(kv.Key, "=", kv.Value.Values[0], ",", kv.Value.Values[1]))
-		}
-		for _, s := range [][]string{wantCounts, wantJoin, gotCounts, gotJoin} {
-			slices.Sort(s)
-		}
-		if !slices.Equal(gotCounts, wantCounts) {
-			rt.Fatalf("counts on %d processes x %d workers:\n got %v\nwant %v", procs, workers, gotCounts, wantCounts)
-		}
-		if !slices.Equal(gotJoin, wantJoin) {
-			rt.Fatalf("join on %d processes x %d workers:\n got %v\nwant %v", procs, workers, gotJoin, wantJoin)
-		}
+		m.check(rt, fmt.Sprintf("%d processes x %d workers", procs, workers))
 	})
 }

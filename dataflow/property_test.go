@@ -14,85 +14,107 @@ import (
 	"github.com/epochflow/epochflow/operators"
 )
 
+// model is the flow the property tests run against a plain sequential computation: KeyOn,
+// StatefulMap (the n-th item of a key emits n, so the multiset of outputs does not depend on
+// order), two Reduces and a Join of them, over random partitions of random items.
+type model struct {
+	all      []int // every item, in no particular order
+	key      func(int) string
+	src      *flowtest.Source[int]
+	countOut *flowtest.Sink[dataflow.KV[int]]
+	joinOut  *flowtest.Sink[dataflow.KV[operators.JoinRow[int]]]
+}
+
+// drawModel draws the keys and up to maxParts partitions of up to maxChunks chunks (each
+// followed by a pause or not) and the source's batch size.
+func drawModel(rt *rapid.T, maxParts, maxChunks int) *model {
+	keys := rapid.IntRange(1, 20).Draw(rt, "keys")
+	m := &model{key: func(v int) string { return fmt.Sprint("k", ((v%keys)+keys)%keys) },
+		countOut: flowtest.NewSink[dataflow.KV[int]](), joinOut: flowtest.NewSink[dataflow.KV[operators.JoinRow[int]]]()}
+	var scripts [][]flowtest.Event[int]
+	for p := range rapid.IntRange(1, maxParts).Draw(rt, "partitions") {
+		var script []flowtest.Event[int]
+		for c := range rapid.IntRange(0, maxChunks).Draw(rt, fmt.Sprint("chunks", p)) {
+			items := rapid.SliceOfN(rapid.IntRange(-1000, 1000), 0, 60).Draw(rt, fmt.Sprint("items", p, c))
+			m.all = append(m.all, items...)
+			script = append(script, flowtest.Items(items...))
+			if rapid.Bool().Draw(rt, fmt.Sprint("pause", p, c)) {
+				script = append(script, flowtest.Pause[int](time.Duration(rapid.IntRange(0, 3).Draw(rt, "pause_ms"))*time.Millisecond))
+			}
+		}
+		scripts = append(scripts, script)
+	}
+	m.src = flowtest.NewSource(rapid.IntRange(1, 50).Draw(rt, "batch"), scripts...)
+	return m
+}
+
+// build returns the model's flow (a new one at each call, on the same source and sinks).
+func (m *model) build() *dataflow.Flow {
+	f := dataflow.New("prop")
+	in := operators.Input(f, "in", m.src.Input())
+	keyed := operators.KeyOn("key", in, m.key)
+	counts := operators.StatefulMap("count", keyed, func(n int, _ int) (int, int, bool) { return n + 1, n + 1, true })
+	countSums := operators.Reduce("sum_counts", counts, func(a, b int) int { return a + b })
+	valueSums := operators.Reduce("sum_values", keyed, func(a, b int) int { return a + b })
+	joined := operators.Join("join", operators.JoinOptions{Emit: operators.EmitComplete}, valueSums, countSums)
+	operators.Output("counts_out", counts, m.countOut.Output())
+	operators.Output("join_out", joined, m.joinOut.Output())
+	return f
+}
+
+// check compares what the sinks got with a plain loop over the items; on is what ran (for
+// the failure message).
+func (m *model) check(rt *rapid.T, on string) {
+	n := map[string]int{}
+	sumV := map[string]int{}
+	var wantCounts []string
+	for _, v := range m.all {
+		k := m.key(v)
+		n[k]++
+		sumV[k] += v
+		wantCounts = append(wantCounts, fmt.Sprint(k, "=", n[k]))
+	}
+	var wantJoin []string
+	for k, c := range n {
+		wantJoin = append(wantJoin, fmt.Sprint(k, "=", sumV[k], ",", c*(c+1)/2))
+	}
+	var gotCounts, gotJoin []string
+	for _, kv := range m.countOut.Items() {
+		gotCounts = append(gotCounts, fmt.Sprint(kv.Key, "=", kv.Value))
+	}
+	for _, kv := range m.joinOut.Items() {
+		r := kv.Value
+		if len(r.Values) != 2 || !r.Present[0] || !r.Present[1] {
+			rt.Fatalf("%s: join row %+v is not complete", on, kv)
+		}
+		gotJoin = append(gotJoin, fmt.Sprint(kv.Key, "=", r.Values[0], ",", r.Values[1]))
+	}
+	for _, s := range [][]string{wantCounts, wantJoin, gotCounts, gotJoin} {
+		slices.Sort(s)
+	}
+	if !slices.Equal(gotCounts, wantCounts) {
+		rt.Fatalf("%s: StatefulMap output:\n got %v\nwant %v", on, gotCounts, wantCounts)
+	}
+	if !slices.Equal(gotJoin, wantJoin) {
+		rt.Fatalf("%s: Join output:\n got %v\nwant %v", on, gotJoin, wantJoin)
+	}
+}
+
 // For random inputs, worker counts, batch sizes, epoch intervals and pauses, a flow of KeyOn,
 // StatefulMap, Reduce and Join gives the same output (as a multiset) as a plain sequential Go
 // computation of the same thing.
 func TestFlowEqualsSequentialModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		keys := rapid.IntRange(1, 20).Draw(rt, "keys")
-		parts := rapid.IntRange(1, 4).Draw(rt, "partitions")
-		var scripts [][]flowtest.Event[int]
-		var all []int
-		for p := range parts {
-			var script []flowtest.Event[int]
-			for c := range rapid.IntRange(0, 5).Draw(rt, fmt.Sprint("chunks", p)) {
-				items := rapid.SliceOfN(rapid.IntRange(-1000, 1000), 0, 60).Draw(rt, fmt.Sprint("items", p, c))
-				all = append(all, items...)
-				script = append(script, flowtest.Items(items...))
-				if rapid.Bool().Draw(rt, fmt.Sprint("pause", p, c)) {
-					script = append(script, flowtest.Pause[int](time.Duration(rapid.IntRange(0, 3).Draw(rt, "pause_ms"))*time.Millisecond))
-				}
-			}
-			scripts = append(scripts, script)
-		}
-		key := func(v int) string { return fmt.Sprint("k", ((v%keys)+keys)%keys) }
-
-		f := dataflow.New("prop")
-		in := operators.Input(f, "in", flowtest.NewSource(rapid.IntRange(1, 50).Draw(rt, "batch"), scripts...).Input())
-		keyed := operators.KeyOn("key", in, key)
-		// The n-th item of a key emits n: the multiset of outputs does not depend on order.
-		counts := operators.StatefulMap("count", keyed, func(n int, _ int) (int, int, bool) { return n + 1, n + 1, true })
-		countSums := operators.Reduce("sum_counts", counts, func(a, b int) int { return a + b })
-		valueSums := operators.Reduce("sum_values", keyed, func(a, b int) int { return a + b })
-		joined := operators.Join("join", operators.JoinOptions{Emit: operators.EmitComplete}, valueSums, countSums)
-		countOut := flowtest.NewSink[dataflow.KV[int]]()
-		joinOut := flowtest.NewSink[dataflow.KV[operators.JoinRow[int]]]()
-		operators.Output("counts_out", counts, countOut.Output())
-		operators.Output("join_out", joined, joinOut.Output())
-
+		m := drawModel(rt, 4, 5)
 		opts := dataflow.Options{
 			Workers:       rapid.IntRange(1, 8).Draw(rt, "workers"),
 			EpochInterval: time.Duration(rapid.IntRange(1, 5000).Draw(rt, "epoch_us")) * time.Microsecond,
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := dataflow.Run(ctx, f, opts); err != nil {
+		if err := dataflow.Run(ctx, m.build(), opts); err != nil {
 			rt.Fatal(err)
 		}
-
-		// The model: a plain loop.
-		n := map[string]int{}
-		sumV := map[string]int{}
-		var wantCounts []string
-		for _, v := range all {
-			k := key(v)
-			n[k]++
-			sumV[k] += v
-			wantCounts = append(wantCounts, fmt.Sprint(k, "=", n[k]))
-		}
-		var wantJoin []string
-		for k, c := range n {
-			wantJoin = append(wantJoin, fmt.Sprint(k, "=", sumV[k], ",", c*(c+1)/2))
-		}
-		var gotCounts, gotJoin []string
-		for _, kv := range countOut.Items() {
-			gotCounts = append(gotCounts, fmt.Sprint(kv.Key, "=", kv.Value))
-		}
-		for _, kv := range joinOut.Items() {
-			r := kv.Value
-			if len(r.Values) != 2 || !r.Present[0] || !r.Present[1] {
-				rt.Fatalf("join row %+v is not complete", kv)
-			}
-			gotJoin = append(gotJoin, fmt.Sprint(kv.Key, "=", r.Values[0], ",", r.Values[1]))
-		}
-		for _, s := range [][]string{wantCounts, wantJoin, gotCounts, gotJoin} {
-			slices.Sort(s)
-		}
-		if !slices.Equal(gotCounts, wantCounts) {
-			rt.Fatalf("StatefulMap output:\n got %v\nwant %v", gotCounts, wantCounts)
-		}
-		if !slices.Equal(gotJoin, wantJoin) {
-			rt.Fatalf("Join output:\n got %v\nwant %v", gotJoin, wantJoin)
-		}
+		m.check(rt, fmt.Sprintf("%d workers", opts.Workers))
 	})
 }
