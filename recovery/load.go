@@ -136,24 +136,7 @@ func (s *SQLiteStore) scan(ctx context.Context, step string, verify bool, onRuns
 	for i, c := range cursors {
 		sources[i] = c
 	}
-	m, err := runfmt.NewMerger(sources)
-	if err != nil {
-		return err
-	}
-	for {
-		g, err := m.Next()
-		if err != nil {
-			return err
-		}
-		if g == nil {
-			return nil
-		}
-		if newest := &g[len(g)-1]; !newest.Dead {
-			if err := emit(newest); err != nil {
-				return err
-			}
-		}
-	}
+	return runfmt.EachNewest(sources, emit)
 }
 
 // scanRun is scan of a step with one run, without a merge: of each key's entries (adjacent,

@@ -64,24 +64,7 @@ func (s *Store) scan(ctx context.Context, tx pgx.Tx, step string, verify bool, o
 	for i, r := range runs {
 		sources[i] = s.newRunCursor(ctx, tx, r, verify)
 	}
-	m, err := runfmt.NewMerger(sources)
-	if err != nil {
-		return err
-	}
-	for {
-		g, err := m.Next()
-		if err != nil {
-			return err
-		}
-		if g == nil {
-			return nil
-		}
-		if newest := &g[len(g)-1]; !newest.Dead {
-			if err := emit(newest); err != nil {
-				return err
-			}
-		}
-	}
+	return runfmt.EachNewest(sources, emit)
 }
 
 // Steps implements recovery.Store. It merges every step's runs as Load does, without

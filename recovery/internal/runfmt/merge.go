@@ -97,6 +97,27 @@ func (m *Merger) Next() ([]Entry, error) {
 	return m.group, nil
 }
 
+// EachNewest merges the sources (a step's runs) and calls emit with the newest entry of each
+// key, in key order, leaving out the keys whose newest entry is a tombstone: what a Load
+// yields.
+func EachNewest(sources []Source, emit func(*Entry) error) error {
+	m, err := NewMerger(sources)
+	if err != nil {
+		return err
+	}
+	for {
+		g, err := m.Next()
+		if err != nil || g == nil {
+			return err
+		}
+		if newest := &g[len(g)-1]; !newest.Dead {
+			if err := emit(newest); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 // CollectGroup returns what garbage collection keeps of the entries of one key, ascending by
 // epoch, when the horizon is horizon (every epoch at or before it was committed at least the
 // backup window ago): the entries after the horizon, and the newest one at or before it,
