@@ -262,9 +262,8 @@ func TestBrokerRestartedTwice(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out.txt")
 	// A small prefetch per commit keeps the copy running long enough for two restarts: at
-	// most 200 messages per 100 ms epoch, so 50,000 take at least 25 s, while rabbitmqctl
-	// may take 10 s to stop the node on a loaded machine (CI saw the whole copy done before
-	// a stop took effect with -prefetch 500).
+	// most 200 messages per 100 ms epoch, so 50,000 take at least 25 s. The program is
+	// also paused while the node stops (below), as rabbitmqctl can take longer than that.
 	const reconnectMax = time.Second
 	cmd := flowCommand(bin, "-url", url, "-queue", q, "-output", out, "-recovery", filepath.Join(dir, "store"),
 		"-epoch-interval", "100ms", "-prefetch", "200", "-idle-exit", "3s", "-log-level", "info",
@@ -295,18 +294,29 @@ func TestBrokerRestartedTwice(t *testing.T) {
 		at := lines + min(4000, (n-lines)/3)
 		waitUntil(t, 2*time.Minute, done, fmt.Sprintf("%d lines before restart %d", at, restart+1), func() bool { return lineCount(out) >= at })
 		before := reconnects()
+		// The program is paused (SIGSTOP) while rabbitmqctl stops the node, and continued
+		// once the node is gone: on a loaded machine stop_app took over 20 s, in which the
+		// copy ran to its end (CI: "the copy had ended before the broker stopped"). The
+		// program still loses the broker mid-copy, with an epoch's messages unacknowledged,
+		// and it sees the closed connection as soon as it runs again.
+		if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
 		node.ctl(t, "stop_app")
+		waitUntil(t, time.Minute, done, "the node to stop answering", func() bool { return !node.answers() })
+		if lines := lineCount(out); lines >= n {
+			t.Fatalf("restart %d: the copy had ended (%d lines) before the broker stopped: it tests no restart", restart+1, lines)
+		}
+		if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 		down := time.Now()
 		// Down long enough for the source's back-off to reach its maximum.
-		waitUntil(t, time.Minute, done, "the consumer to see the broker gone", func() bool { return !node.answers() })
 		for time.Since(down) < 4*reconnectMax {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if ready, _ := queueCountsIfUp(node, q); ready >= 0 {
 			t.Fatal("the node answers AMQP after stop_app")
-		}
-		if lines := lineCount(out); lines >= n {
-			t.Fatalf("restart %d: the copy had ended (%d lines) before the broker stopped: it tests no restart", restart+1, lines)
 		}
 		node.ctl(t, "start_app")
 		back := time.Now()
@@ -314,7 +324,7 @@ func TestBrokerRestartedTwice(t *testing.T) {
 		if wait := time.Since(back); wait > reconnectMax+4*time.Second {
 			t.Errorf("restart %d: the source reconnected %v after the broker was back, want within -reconnect-max %v (plus 4 s of slack)", restart+1, wait, reconnectMax)
 		}
-		t.Logf("restart %d at %d lines: broker down %v, source reconnected %v after start_app returned",
+		t.Logf("restart %d at %d lines: broker down %v after the program continued, source reconnected %v after start_app returned",
 			restart+1, at, back.Sub(down).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 	}
 	select {
