@@ -47,12 +47,29 @@ type Clock[V any] struct {
 	// (wall-clock time) stop holding the watermark back, until its next item. Zero means a
 	// partition holds the watermark back until it ends.
 	IdleTimeout time.Duration
+	// MaxDrift, when positive, turns on watermark alignment (Flink's maxAllowedWatermarkDrift):
+	// a worker whose own watermark is more than MaxDrift ahead of the step's watermark (the
+	// minimum over all upstream workers of the cluster) stops reading its sources, all of
+	// them, until the slower workers catch up; it goes on handling what reaches it meanwhile,
+	// and the time it waits does not count towards IdleTimeout. Workers that read their
+	// partitions at different speeds then stay within MaxDrift of each other in event time,
+	// so a key has fewer windows open at once and the step holds less state, at the cost of
+	// the faster workers' idle time. A partition that has read nothing yet holds nobody back;
+	// one that stops sending without ending holds every worker back, unless IdleTimeout is
+	// set. Zero (the default) lets every worker read as fast as it can.
+	MaxDrift time.Duration
 }
 
 // EventClock returns an event-time clock: ts gives each item's time, and an item may be up to
 // wait behind the latest time seen before it without being late.
 func EventClock[V any](ts func(V) time.Time, wait time.Duration) Clock[V] {
 	return Clock[V]{Timestamp: ts, Wait: wait}
+}
+
+// WithMaxDrift returns the clock with MaxDrift set to d: watermark alignment.
+func (c Clock[V]) WithMaxDrift(d time.Duration) Clock[V] {
+	c.MaxDrift = d
+	return c
 }
 
 // SystemClock returns a clock that stamps every item with the time the step sees it.
@@ -174,10 +191,16 @@ func byStampKey[V any]() func(self, total int, shared any) engine.Router {
 // clockStep adds the step that runs on every upstream worker of an event-time step: it stamps
 // items with their time and the worker's watermark, and sends marks when the watermark moves,
 // when the worker goes idle, and at the end of its input.
-func clockStep[V any](name string, in Stream[KV[V]], clock Clock[V]) Stream[stamped[V]] {
-	s := in.flow.add(name, &engine.Step{Kind: "clock", Inputs: []engine.Edge{in.edge()}, Outputs: 1,
+func clockStep[V any](step string, in Stream[KV[V]], clock Clock[V]) Stream[stamped[V]] {
+	s := in.flow.add(clockName(step), &engine.Step{Kind: "clock", Inputs: []engine.Edge{in.edge()}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
-			return newClockNode(env, clock), nil
+			n := newClockNode(env, clock)
+			if clock.Timestamp != nil && clock.MaxDrift > 0 {
+				n.align = alignerOf(env, step, int64(clock.MaxDrift))
+				n.align.own = &n.sent
+				env.AddGate(n.align)
+			}
+			return n, nil
 		}})
 	if s == nil {
 		return Stream[stamped[V]]{}
@@ -218,6 +241,7 @@ type clockNode[V any] struct {
 	marked int64
 	idle   bool // an idle mark was sent, and no item came since
 	ended  bool
+	align  *aligner // with Clock.MaxDrift
 }
 
 func newClockNode[V any](env *engine.Env, clock Clock[V]) *clockNode[V] {
@@ -347,6 +371,16 @@ func (n *clockNode[V]) NextTime() time.Time {
 // OnTime marks the partitions idle that have read nothing for the idle timeout. When none is
 // left active it marks the worker idle; else the watermark of the others may have moved.
 func (n *clockNode[V]) OnTime(now time.Time, epoch uint64) error {
+	if n.align != nil && n.align.Closed() {
+		// The partitions read nothing because alignment holds them back: not idle. Their
+		// idle timeouts count again from now.
+		for i := range n.parts {
+			if n.active(i) {
+				n.parts[i].seen = now
+			}
+		}
+		return nil
+	}
 	for i := range n.parts {
 		if n.active(i) && !now.Before(n.parts[i].seen.Add(n.clock.IdleTimeout)) {
 			n.parts[i].idle = true

@@ -52,11 +52,11 @@ func StatefulTime[V, S, W any](name string, in Stream[KV[V]], clock Clock[V], lo
 		in.flow.fail(fmt.Errorf("step %q: TimedLogic.OnItem is nil", name))
 		return Stream[KV[W]]{}
 	}
-	if clock.Wait < 0 || clock.IdleTimeout < 0 {
-		in.flow.fail(fmt.Errorf("step %q: the clock's wait (%v) and idle timeout (%v) must not be negative", name, clock.Wait, clock.IdleTimeout))
+	if clock.Wait < 0 || clock.IdleTimeout < 0 || clock.MaxDrift < 0 {
+		in.flow.fail(fmt.Errorf("step %q: the clock's wait (%v), idle timeout (%v) and max drift (%v) must not be negative", name, clock.Wait, clock.IdleTimeout, clock.MaxDrift))
 		return Stream[KV[W]]{}
 	}
-	stamps := clockStep(clockName(name), in, clock)
+	stamps := clockStep(name, in, clock)
 	if !stamps.valid() {
 		return Stream[KV[W]]{}
 	}
@@ -66,7 +66,11 @@ func StatefulTime[V, S, W any](name string, in Stream[KV[V]], clock Clock[V], lo
 	system := clock.Timestamp == nil
 	s := in.flow.add(name, &engine.Step{Kind: "stateful-time", Inputs: []engine.Edge{e}, Outputs: 1,
 		New: func(env *engine.Env, _ any) (engine.Node, error) {
-			return newTimedNode(env, logic, system)
+			n, err := newTimedNode(env, logic, system)
+			if err == nil && !system && clock.MaxDrift > 0 {
+				alignerOf(env, name, int64(clock.MaxDrift)).ref = func() (int64, int, bool) { return n.alignRef(env.Worker) }
+			}
+			return n, err
 		}})
 	if s == nil {
 		return Stream[KV[W]]{}
@@ -343,6 +347,20 @@ func (n *timedNode[V, S, W]) combined() int64 {
 		return n.wm
 	}
 	return m
+}
+
+// alignRef is the smallest watermark of the upstream workers other than self that are not
+// idle and have sent one (ended ones sent the end of time), the number of that worker, and
+// whether there is one: what watermark alignment holds worker self back for (see aligner).
+// Self's own watermark is left out, as its marks to this node may still wait in its buffers.
+func (n *timedNode[V, S, W]) alignRef(self int) (int64, int, bool) {
+	m, at, ok := int64(maxTime), -1, false
+	for i, wm := range n.senders {
+		if i != self && !n.idle[i] && wm != minTime && wm < m {
+			m, at, ok = wm, i, true
+		}
+	}
+	return m, at, ok
 }
 
 // advance moves the watermark to wm if that is later, and calls OnWatermark for every key whose

@@ -53,9 +53,9 @@ type intervalOut[A, B any] struct {
 // name+".right", name+".merge", name (a dataflow.StatefulTime with its clock step),
 // name+".rows" and name+".late".
 //
-// Of opts only IdleTimeout applies (the clock's idle timeout, see dataflow.Clock): an idle
-// source partition stops holding the watermark back, so its next items may be late. Lateness
-// or Early set is a build error.
+// Of opts only IdleTimeout and MaxDrift apply (the clock's idle timeout and watermark
+// alignment, see dataflow.Clock): an idle source partition stops holding the watermark back,
+// so its next items may be late. Lateness or Early set is a build error.
 func IntervalJoin[A, B any](name string, left dataflow.Stream[dataflow.KV[A]], right dataflow.Stream[dataflow.KV[B]],
 	leftTime func(A) time.Time, rightTime func(B) time.Time, wait, lower, upper time.Duration, opts ...Options) IntervalOutputs[A, B] {
 	f := left.Flow()
@@ -69,9 +69,11 @@ func IntervalJoin[A, B any](name string, left dataflow.Stream[dataflow.KV[A]], r
 	case lower+upper < 0:
 		f.Fail(fmt.Errorf("step %q: the interval [t-%v, t+%v] is empty", name, lower, upper))
 	case o.Lateness != 0 || o.Early != 0:
-		f.Fail(fmt.Errorf("step %q: IntervalJoin takes only Options.IdleTimeout (got Lateness %v, Early %v)", name, o.Lateness, o.Early))
+		f.Fail(fmt.Errorf("step %q: IntervalJoin takes only Options.IdleTimeout and MaxDrift (got Lateness %v, Early %v)", name, o.Lateness, o.Early))
 	case o.IdleTimeout < 0:
 		f.Fail(fmt.Errorf("step %q: the idle timeout %v must not be negative", name, o.IdleTimeout))
+	case o.MaxDrift < 0:
+		f.Fail(fmt.Errorf("step %q: the max drift %v must not be negative", name, o.MaxDrift))
 	}
 	if f.Err() != nil {
 		return IntervalOutputs[A, B]{}

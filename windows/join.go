@@ -247,7 +247,7 @@ func Join[V any](name string, sides []dataflow.Stream[dataflow.KV[V]], clock dat
 		tagged[i] = tagSide(fmt.Sprintf("%s.tag%d", name, i), s, func(v V) Tagged[V] { return Tagged[V]{Side: i, Value: v} })
 	}
 	both := dataflow.Merge(name+".merge", tagged...)
-	tclock := dataflow.Clock[Tagged[V]]{Wait: clock.Wait, IdleTimeout: clock.IdleTimeout}
+	tclock := dataflow.Clock[Tagged[V]]{Wait: clock.Wait, IdleTimeout: clock.IdleTimeout, MaxDrift: clock.MaxDrift}
 	if ts := clock.Timestamp; ts != nil {
 		tclock.Timestamp = func(t Tagged[V]) time.Time { return ts(t.Value) }
 	}

@@ -34,6 +34,9 @@ type spec struct {
 	origin         int64
 	wait, lateness int64
 	early          int64
+	// maxDrift is the watermark alignment (Options.MaxDrift), 0 for none: it changes when the
+	// workers read, never what the model says.
+	maxDrift int64
 }
 
 // spans lists the [start, end) windows of a tumbling or sliding spec that hold t, by brute

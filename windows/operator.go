@@ -147,12 +147,20 @@ type Options struct {
 	// their clock from a wait, take one; for Apply and the aggregations, which are given a
 	// dataflow.Clock, it replaces the clock's. Zero keeps the clock's (none for the joins).
 	IdleTimeout time.Duration
+	// MaxDrift, when positive, is the step's watermark alignment (see
+	// dataflow.Clock.MaxDrift): a worker more than MaxDrift ahead of the step's watermark
+	// stops reading its sources until the others catch up. Like IdleTimeout, it is how the
+	// joins take one, and it replaces the clock's for the others. Zero keeps the clock's.
+	MaxDrift time.Duration
 }
 
-// withOptions is clock with the idle timeout of o, if o sets one.
+// withOptions is clock with the idle timeout and the max drift of o, where o sets them.
 func withOptions[V any](clock dataflow.Clock[V], o Options) dataflow.Clock[V] {
 	if o.IdleTimeout > 0 {
 		clock.IdleTimeout = o.IdleTimeout
+	}
+	if o.MaxDrift > 0 {
+		clock.MaxDrift = o.MaxDrift
 	}
 	return clock
 }
@@ -281,6 +289,8 @@ func apply[V, A, R any](name string, in dataflow.Stream[dataflow.KV[V]], clock d
 		f.Fail(fmt.Errorf("step %q: the lateness %v must not be negative", name, o.Lateness))
 	case o.IdleTimeout < 0:
 		f.Fail(fmt.Errorf("step %q: the idle timeout %v must not be negative", name, o.IdleTimeout))
+	case o.MaxDrift < 0:
+		f.Fail(fmt.Errorf("step %q: the max drift %v must not be negative", name, o.MaxDrift))
 	}
 	if f.Err() != nil {
 		return Outputs[V, R]{}

@@ -46,7 +46,16 @@ func drawSpec(t *rapid.T, early bool) spec {
 	if early && rapid.Bool().Draw(t, "early?") {
 		s.early = int64(rapid.IntRange(1, 20).Draw(t, "early"))
 	}
+	s.maxDrift = drawMaxDrift(t)
 	return s
+}
+
+// drawMaxDrift draws no watermark alignment half the time, else a drift of 1 to 30 ms.
+func drawMaxDrift(t *rapid.T) int64 {
+	if rapid.Bool().Draw(t, "aligned?") {
+		return int64(rapid.IntRange(1, 30).Draw(t, "max-drift"))
+	}
+	return 0
 }
 
 // drawEvents draws n events on a clock that moves forward; each event is behind the clock by a
@@ -106,7 +115,8 @@ func runWindowed(t *rapid.T, s spec, parts [][]ev, cuts [][]int, aborts [][]int,
 				return append(a, b...)
 			},
 			Close: func(_ string, _ windows.Window, acc []int) []int { return slices.Clone(acc) },
-		}, windows.Options{Lateness: time.Duration(s.lateness) * time.Millisecond, Early: time.Duration(s.early) * time.Millisecond})
+		}, windows.Options{Lateness: time.Duration(s.lateness) * time.Millisecond, Early: time.Duration(s.early) * time.Millisecond,
+			MaxDrift: time.Duration(s.maxDrift) * time.Millisecond})
 		res := operators.Map("res", out.Results, func(r windows.Result[[]int]) string {
 			return result(r.Key, r.Window.Start.UnixMilli(), r.Window.End.UnixMilli(), r.Value, r.Update, r.Early)
 		})
@@ -273,6 +283,7 @@ func TestSessionMergesMatchModel(t *testing.T) {
 		if rapid.Bool().Draw(t, "early?") {
 			s.early = int64(rapid.IntRange(1, 20).Draw(t, "early"))
 		}
+		s.maxDrift = drawMaxDrift(t)
 		events, bridges := drawBridged(t, s, rapid.IntRange(1, 4).Draw(t, "keys"), int64(rapid.IntRange(0, 40).Draw(t, "disorder")))
 		cuts, aborts := drawCuts(t, "p0", len(events))
 		var merged atomic.Int64

@@ -198,7 +198,7 @@ func TestCrashBeforeCommitAcksNothing(t *testing.T) {
 }
 
 // Cutting the TCP connection in the middle of a run: the source reconnects and carries on;
-// every message arrives (duplicates only as redeliveries), the queue ends empty, and every
+// every message arrives (one copy of each at most not marked redelivered), the queue ends empty, and every
 // ack went to the channel that delivered its tag, never to a dead one (the broker would close
 // the channel with 406 PRECONDITION_FAILED, which fails the run).
 func TestReconnectAfterCut(t *testing.T) {
@@ -254,11 +254,18 @@ func TestReconnectAfterCut(t *testing.T) {
 	if len(bad) > 0 {
 		t.Fatalf("acks on a dead channel: %v", bad)
 	}
-	seen := map[string]int{}
+	// Each message has one first delivery; every other copy must be a redelivery. Which copy
+	// the sink sees first is not fixed: a consumer that has not yet noticed its connection died
+	// still hands on what the library had buffered, while the other consumer may already have
+	// written the broker's redelivery of it (CI saw that order).
+	seen, first := map[string]int{}, map[string]int{}
 	for _, m := range g.msgs {
 		seen[string(m.Body)]++
-		if seen[string(m.Body)] > 1 && !m.Redelivered {
-			t.Fatalf("%s arrived twice, the second time not marked redelivered", m)
+		if !m.Redelivered {
+			first[string(m.Body)]++
+		}
+		if first[string(m.Body)] > 1 {
+			t.Fatalf("%s arrived twice not marked redelivered: the source handed one delivery on twice", m)
 		}
 	}
 	for _, b := range numbered(n) {

@@ -92,6 +92,34 @@ func (e *Env) Origin() int {
 	return base + o.part
 }
 
+// Gate holds back a worker's sources: while Closed returns true, the worker reads none of its
+// sources, and still drains its inputs, runs its timers and closes its epochs. Closed is
+// called on the worker's goroutine (before each read, and before it parks); it must be cheap.
+// A gate reopens through what the worker does meanwhile: an item or mark the worker takes
+// from an input wakes it, and it asks the gate again at its next turn.
+type Gate interface {
+	Closed() bool
+}
+
+// AddGate makes the worker's sources read only while g is open (see Gate).
+func (e *Env) AddGate(g Gate) { e.w.gates = append(e.w.gates, g) }
+
+// Local returns the value that key names on this worker for this run, made by mk at the
+// first call with that key: so that the nodes of several steps on one worker can share it.
+// Nodes are built one after another on a worker, so mk needs no lock; the value is used on
+// the worker's goroutine only.
+func (e *Env) Local(key any, mk func() any) any {
+	if v, ok := e.w.locals[key]; ok {
+		return v
+	}
+	if e.w.locals == nil {
+		e.w.locals = map[any]any{}
+	}
+	v := mk()
+	e.w.locals[key] = v
+	return v
+}
+
 // OriginEnded tells whether the source partition numbered i (of Origins) has ended.
 func (e *Env) OriginEnded(i int) bool {
 	m := e.originMap()

@@ -51,6 +51,9 @@ type worker struct {
 	partEnded [][]bool // per source step and partition: ended (Env.PartEnded)
 	origin    origin   // the source partition whose batch is being handed on (Env.EmitPart)
 
+	gates  []Gate      // hold the sources back while closed (Env.AddGate)
+	locals map[any]any // values shared by the nodes of this worker (Env.Local)
+
 	read, written uint64 // items emitted by sources, and handed to sinks
 
 	m *workerMeter // nil without a Meter
@@ -462,7 +465,7 @@ func (w *worker) inFlight() uint64 { return w.epoch[0] - w.committed }
 
 // canRead tells whether the sources may read: not too many epochs in flight, not too many
 // snapshot bytes waiting for the store (the commit that lowers them wakes the workers), no
-// full mailbox. Epochs still close while reading is paused, so every worker reaches the
+// full mailbox, no closed gate (Env.AddGate). Epochs still close while reading is paused, so every worker reaches the
 // epochs the store waits for and the writer always has something to commit.
 func (w *worker) canRead() bool {
 	if w.inFlight() > uint64(w.r.cfg.MaxEpochsInFlight) || w.r.coord.fl.over.Load() {
@@ -470,6 +473,11 @@ func (w *worker) canRead() bool {
 	}
 	for _, mb := range w.outAll {
 		if mb.full() {
+			return false
+		}
+	}
+	for _, g := range w.gates {
+		if g.Closed() {
 			return false
 		}
 	}
