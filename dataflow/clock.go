@@ -242,10 +242,12 @@ type clockNode[V any] struct {
 	idle   bool // an idle mark was sent, and no item came since
 	ended  bool
 	align  *aligner // with Clock.MaxDrift
+	// flushed is the mark last flushed for alignment (with align).
+	flushed int64
 }
 
 func newClockNode[V any](env *engine.Env, clock Clock[V]) *clockNode[V] {
-	n := &clockNode[V]{env: env, clock: clock, sent: minTime, marked: minTime}
+	n := &clockNode[V]{env: env, clock: clock, sent: minTime, marked: minTime, flushed: minTime}
 	if clock.Timestamp == nil {
 		return n
 	}
@@ -344,6 +346,13 @@ func (n *clockNode[V]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 	}
 	if err := n.env.Emit(0, epoch, out); err != nil {
 		return err
+	}
+	if n.align != nil && n.marked != maxTime && n.marked-n.flushed >= n.align.drift/4 {
+		// With alignment, faster workers wait for this one's watermark: it goes out now
+		// (every quarter of the drift), not once the buffers fill, which on a sparse stream
+		// may take many batches.
+		n.env.Flush(0)
+		n.flushed = n.marked
 	}
 	if n.env.Reusable(0) {
 		clear(out)

@@ -32,6 +32,9 @@ import (
 // benchmark runs: for example NEXMARK_BENCH_EVENTS=1000000 with -benchtime 1x.
 func BenchmarkNexmark(b *testing.B) {
 	c := Config{Events: int64(benchSize(b, "NEXMARK_BENCH_EVENTS", 10_000_000)), Seed: 1}.withDefaults()
+	if d, err := time.ParseDuration(os.Getenv("NEXMARK_BENCH_DRIFT")); err == nil {
+		c.MaxDrift = d
+	}
 	for _, q := range Queries {
 		b.Run(q.Name, func(b *testing.B) {
 			rates := map[string]float64{}

@@ -43,6 +43,10 @@ type Config struct {
 	Slide time.Duration
 	// SessionGap is q11's session gap (default 10 s).
 	SessionGap time.Duration
+	// MaxDrift is the watermark alignment of the event-time steps that read the generator's
+	// partitions (q4, q5, q7, q8 and q11; see dataflow.Clock.MaxDrift): a worker more than
+	// MaxDrift of event time ahead of the slowest waits for it. 0 (the default): none.
+	MaxDrift time.Duration
 
 	meter *Meter // counts the events generated, if not nil
 	// hold, if set, is asked before every read with the events the meter counted: while it

@@ -33,6 +33,7 @@ func main() {
 	flag.DurationVar(&c.Window, "window", 10*time.Second, "the window length of q5, q7, q8 and q12")
 	flag.DurationVar(&c.Slide, "slide", 2*time.Second, "how often q5's sliding windows start")
 	flag.DurationVar(&c.SessionGap, "session-gap", 10*time.Second, "q11's session gap")
+	flag.DurationVar(&c.MaxDrift, "max-drift", 0, "watermark alignment of q4, q5, q7, q8 and q11: a worker more than D of event time ahead of the slowest waits for it (0: none)")
 	dataflow.Usage("nexmark runs a query of the Nexmark benchmark over generated auction events and prints the events per second of the run.",
 		"nexmark -query q5 -events 1000000 -workers 2 -recovery state")
 	dataflow.MainFunc(func() (*dataflow.Flow, error) {

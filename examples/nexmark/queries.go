@@ -177,7 +177,7 @@ type q4Sum struct{ Category, Sum, N int64 }
 // state is dropped then; the averages are emitted at the end of the input (Flink's query
 // emits them as running updates).
 var q4 = define("q4", "average winning bid per category",
-	func(in dataflow.Stream[Event], _ Config) dataflow.Stream[Q4Row] {
+	func(in dataflow.Stream[Event], c Config) dataflow.Stream[Q4Row] {
 		sides := operators.Filter("q4.select", in, func(e Event) bool { return e.Kind != KindPerson })
 		byAuction := operators.KeyOn("q4.by-auction", sides, func(e Event) string {
 			if e.Kind == KindAuction {
@@ -185,7 +185,7 @@ var q4 = define("q4", "average winning bid per category",
 			}
 			return key(e.Bid.Auction)
 		})
-		closed := dataflow.StatefulTime("q4.winning", byAuction, dataflow.EventClock(Event.Time, 0),
+		closed := dataflow.StatefulTime("q4.winning", byAuction, dataflow.EventClock(Event.Time, 0).WithMaxDrift(c.MaxDrift),
 			dataflow.TimedLogic[Event, q4State, q4Closed]{
 				OnItem: func(_ string, s *q4State, _ bool, e Event, _, _ time.Time, _ *dataflow.Emitter[q4Closed]) (bool, error) {
 					if e.Kind == KindBid {
@@ -267,7 +267,7 @@ type q5Max struct {
 var q5 = define("q5", "hot items: the auctions with the most bids per sliding window",
 	func(in dataflow.Stream[Event], c Config) dataflow.Stream[Q5Row] {
 		byAuction := operators.KeyOn("q5.by-auction", bids(in), func(b Bid) string { return key(b.Auction) })
-		counts := windows.Count("q5.count", byAuction, dataflow.EventClock(bidTime, 0),
+		counts := windows.Count("q5.count", byAuction, dataflow.EventClock(bidTime, 0).WithMaxDrift(c.MaxDrift),
 			windows.Sliding(c.Window, c.Slide, unixOrigin))
 		byWindow := operators.KeyOn("q5.by-window", counts.Results, func(r windows.Result[int]) string {
 			return key(r.Window.ID)
@@ -337,7 +337,7 @@ var q7 = define("q7", "highest bid per tumbling window",
 	func(in dataflow.Stream[Event], c Config) dataflow.Stream[Q7Row] {
 		w := windows.Tumbling(c.Window, unixOrigin)
 		byShard := operators.KeyOn("q7.by-shard", bids(in), func(b Bid) string { return key(b.Auction % q7Shards) })
-		shardMax := windows.Fold("q7.shard-max", byShard, dataflow.EventClock(bidTime, 0), w,
+		shardMax := windows.Fold("q7.shard-max", byShard, dataflow.EventClock(bidTime, 0).WithMaxDrift(c.MaxDrift), w,
 			func() q7Max { return q7Max{} }, q7Max.add, nil)
 		byWindow := operators.KeyOn("q7.by-window", shardMax.Results, func(r windows.Result[q7Max]) string {
 			return key(r.Window.ID)
@@ -386,7 +386,7 @@ var q8 = define("q8", "new users: persons who opened an auction in their first w
 			operators.KeyOn("q8.person-id", persons, func(p Person) string { return key(p.ID) }),
 			operators.KeyOn("q8.seller-id", auctions, func(a Auction) string { return key(a.Seller) }),
 			func(p Person) time.Time { return msTime(p.DateTime) }, func(a Auction) time.Time { return msTime(a.DateTime) },
-			batchSpan(c), windows.Tumbling(c.Window, unixOrigin), windows.JoinComplete)
+			batchSpan(c), windows.Tumbling(c.Window, unixOrigin), windows.JoinComplete, windows.Options{MaxDrift: c.MaxDrift})
 		return operators.Map("q8.new-users", joined.Results, func(r windows.Result[[]windows.Pair[Person, Auction]]) Q8Row {
 			p := r.Value[0].Left // JoinComplete: every row has both sides, and one person has one id
 			return Q8Row{p.ID, p.Name, r.Window.Start.UnixMilli()}
@@ -406,7 +406,7 @@ type Q11Row struct {
 var q11 = define("q11", "user sessions: bids per bidder per session window",
 	func(in dataflow.Stream[Event], c Config) dataflow.Stream[Q11Row] {
 		byBidder := operators.KeyOn("q11.by-bidder", bids(in), func(b Bid) string { return key(b.Bidder) })
-		sessions := windows.Count("q11", byBidder, dataflow.EventClock(bidTime, 0), windows.Session(c.SessionGap))
+		sessions := windows.Count("q11", byBidder, dataflow.EventClock(bidTime, 0).WithMaxDrift(c.MaxDrift), windows.Session(c.SessionGap))
 		return operators.MapErr("q11.rows", sessions.Results, func(r windows.Result[int]) (Q11Row, error) {
 			id, err := strconv.ParseInt(r.Key, 10, 64)
 			return Q11Row{id, r.Value, r.Window.Start.UnixMilli(), r.Window.End.UnixMilli()}, err

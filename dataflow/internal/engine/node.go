@@ -104,6 +104,18 @@ type Gate interface {
 // AddGate makes the worker's sources read only while g is open (see Gate).
 func (e *Env) AddGate(g Gate) { e.w.gates = append(e.w.gates, g) }
 
+// Flush sends at once what the exchanges out of the step's output port hold for every
+// receiver, instead of when a buffer fills or the worker has nothing else to do: for what is
+// small but urgent, such as a watermark others wait for.
+func (e *Env) Flush(port int) {
+	w := e.w
+	for _, eid := range w.p.outEdges[e.step][port] {
+		if w.p.edges[eid].newRouter != nil {
+			w.flushEdge(eid)
+		}
+	}
+}
+
 // Local returns the value that key names on this worker for this run, made by mk at the
 // first call with that key: so that the nodes of several steps on one worker can share it.
 // Nodes are built one after another on a worker, so mk needs no lock; the value is used on
