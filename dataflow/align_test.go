@@ -38,13 +38,7 @@ func alignRun(t *testing.T, n int, other dataflow.StatefulSource[stamp, int], cl
 	var lead time.Duration
 	f := dataflow.New("align")
 	in := dataflow.Input(f, "in", dataflow.FromPartitioned[stamp, int](src))
-	keyed := dataflow.Transform("key", in, func(b []stamp) ([]dataflow.KV[stamp], error) {
-		out := make([]dataflow.KV[stamp], len(b))
-		for i, s := range b {
-			out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
-		}
-		return out, nil
-	})
+	keyed := keyByPart(in)
 	out := dataflow.StatefulTime("time", keyed, clock, dataflow.TimedLogic[stamp, bool, string]{
 		OnItem: func(_ string, _ *bool, _ bool, s stamp, at, wm time.Time, _ *dataflow.Emitter[string]) (bool, error) {
 			if s.Part == "fast" {

@@ -95,6 +95,17 @@ func (p *streamPart) Snapshot() int                     { return p.done }
 func (p *streamPart) Commit(context.Context, int) error { return nil }
 func (p *streamPart) Close() error                      { return nil }
 
+// keyByPart keys the stamps by their partition's name (step "key").
+func keyByPart(in dataflow.Stream[stamp]) dataflow.Stream[dataflow.KV[stamp]] {
+	return dataflow.Transform("key", in, func(b []stamp) ([]dataflow.KV[stamp], error) {
+		out := make([]dataflow.KV[stamp], len(b))
+		for i, s := range b {
+			out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
+		}
+		return out, nil
+	})
+}
+
 // watermarkFlow runs src on one worker through an event-time step keyed by partition, with
 // the given idle timeout, and returns what it saw in order: "PART@T late" or "PART@T on time"
 // per item, and "wake PART" when the watermark reached wakeAt for a key that asked for it.
@@ -110,13 +121,7 @@ func watermarkFlow(t *testing.T, src scriptedSource, idle time.Duration, wakeAt 
 	}
 	f := dataflow.New("wm")
 	in := dataflow.Input(f, "in", dataflow.FromPartitioned[stamp, int](src))
-	keyed := dataflow.Transform("key", in, func(b []stamp) ([]dataflow.KV[stamp], error) {
-		out := make([]dataflow.KV[stamp], len(b))
-		for i, s := range b {
-			out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
-		}
-		return out, nil
-	})
+	keyed := keyByPart(in)
 	clock := dataflow.EventClock(func(s stamp) time.Time { return time.UnixMilli(s.T) }, 0).WithIdleTimeout(idle)
 	out := dataflow.StatefulTime("time", keyed, clock, dataflow.TimedLogic[stamp, bool, string]{
 		OnItem: func(_ string, woke *bool, _ bool, s stamp, at, wm time.Time, _ *dataflow.Emitter[string]) (bool, error) {
