@@ -360,6 +360,15 @@ const defaultStatusInterval = 30 * time.Second
 // maxWorkersPerCore is how many workers per core -workers may have before the program warns.
 const maxWorkersPerCore = 4
 
+// stoppedBy says what stopped a run that was stopped: a signal to this process, or, in a
+// cluster, to another one (the processes stop together).
+func stoppedBy(st Stats) string {
+	if st.stopPeer > 0 {
+		return fmt.Sprintf("stopped with the cluster, as process %d was stopped by a signal", st.stopPeer-1)
+	}
+	return "stopped by a signal"
+}
+
 // closingLine logs how the run ended and what it wrote.
 func closingLine(logger *slog.Logger, flow, recoveryDir string, st Stats, err error) {
 	attrs := []any{"flow", flow, "items_read", st.Read, "items_written", st.Written, "restarts", st.Restarts}
@@ -374,10 +383,10 @@ func closingLine(logger *slog.Logger, flow, recoveryDir string, st Stats, err er
 	case err == nil && !st.Stopped:
 		logger.Info("finished: every source ended, and everything read was processed, written and committed", attrs...)
 	case err == nil && recoveryDir != "":
-		logger.Info("stopped by a signal: what was written up to the last committed epoch is final; "+
+		logger.Info(stoppedBy(st)+": what was written up to the last committed epoch is final; "+
 			"the stateful steps' state is in the store, and a run with the same -recovery resumes after that epoch", attrs...)
 	case err == nil:
-		logger.Warn("stopped by a signal without a recovery store: the sinks have what was written before the stop, "+
+		logger.Warn(stoppedBy(st)+" without a recovery store: the sinks have what was written before the stop, "+
 			"and what the stateful steps held (counts, aggregates not yet emitted) was discarded, not written; "+
 			"the next run starts from the beginning", attrs...)
 	case errors.Is(err, context.Canceled) && recoveryDir != "":

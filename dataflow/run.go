@@ -162,6 +162,8 @@ type Stats struct {
 	// ResumedAfter is the committed epoch the first attempt resumed after, from the recovery
 	// store (0 for a fresh start).
 	ResumedAfter uint64
+
+	stopPeer int // the process of the cluster whose stop this one followed, plus one (0: none)
 }
 
 // Run executes the flow and returns when every source has ended and the last epoch is
@@ -231,7 +233,7 @@ func RunStats(ctx context.Context, f *Flow, opts Options) (Stats, error) {
 		st.Read += es.Read
 		st.Written += es.Written
 		st.Committed = max(st.Committed, es.Committed)
-		st.Stopped = es.Stopped
+		st.Stopped, st.stopPeer = es.Stopped, es.StopPeer
 		if err == nil {
 			return st, nil
 		}

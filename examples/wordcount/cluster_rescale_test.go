@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"path/filepath"
 	"regexp"
@@ -34,6 +35,7 @@ func TestClusterRescales(t *testing.T) {
 	// committed an epoch past the one it resumed after. It returns process 0's log.
 	stage := func(n int, out, rec string, stop bool) string {
 		var procs []*proc
+		victim := -1
 		if n == 1 {
 			procs = []*proc{startProc(t, bin, nil, nil, "-input", input, "-output", out, "-recovery", rec, "-workers", "2",
 				"-epoch-interval", "50ms", "-status-interval", "50ms")}
@@ -47,12 +49,23 @@ func TestClusterRescales(t *testing.T) {
 				after, _ = strconv.ParseUint(m[1], 10, 64)
 			}
 			procs[0].waitCommitted(t, after+2, time.Minute)
-			procs[r.IntN(n)].cmd.Process.Signal(syscall.SIGTERM)
+			victim = r.IntN(n)
+			procs[victim].cmd.Process.Signal(syscall.SIGTERM)
 		}
 		finishCluster(t, procs, "a stage of "+strconv.Itoa(n)+" processes")
 		log := procs[0].stderr.String()
 		if stop && !strings.Contains(log, "stopped by a signal") {
 			t.Fatalf("the run on %d processes finished before SIGTERM took effect: give the test a bigger input\n%s", n, log)
+		}
+		// Each process says what stopped it: the signal, or the signal to the process named.
+		for i, p := range procs {
+			want := `msg="stopped by a signal:`
+			if i != victim {
+				want = fmt.Sprintf(`msg="stopped with the cluster, as process %d was stopped by a signal:`, victim)
+			}
+			if stop && !strings.Contains(p.stderr.String(), want) {
+				t.Errorf("process %d of %d (process %d got SIGTERM) does not log %q; its log:\n%s", i, n, victim, want, p.stderr.String())
+			}
 		}
 		return log
 	}

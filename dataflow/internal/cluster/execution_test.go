@@ -38,7 +38,7 @@ func (r *recorder) handler() Handler {
 		Ack:    func(int, int, int, uint64) error { return nil },
 		Report: func(int, uint64, bool, []byte) error { return nil },
 		Commit: func(uint64, bool) {},
-		Stop:   func() {},
+		Stop:   func(int) {},
 		Fail: func(err error) {
 			r.mu.Lock()
 			defer r.mu.Unlock()

@@ -38,8 +38,8 @@ type Handler struct {
 	Report func(worker int, frontier uint64, done bool, pack []byte) error
 	// Commit announces that epoch is committed (from the leader).
 	Commit func(epoch uint64, final bool)
-	// Stop asks for a graceful stop.
-	Stop func()
+	// Stop asks for a graceful stop; from is the process that was stopped.
+	Stop func(from int)
 	// Fail is called once, with the first failure of the transport: a peer's stream broke, a
 	// peer went silent for the peer timeout, a peer failed, a peer sent what it must not.
 	Fail func(err error)
@@ -620,7 +620,7 @@ func (t *Transport) dispatch(p *peerConn, b []byte) error {
 				t.h.Commit(e, final == 1)
 			}
 		case kindStop:
-			t.h.Stop()
+			t.h.Stop(p.id)
 		case kindBye:
 			p.bye.Store(true)
 		case kindAbort:

@@ -126,7 +126,10 @@ func (r *run) handler(workers []*worker) cluster.Handler {
 			defer r.coord.mu.Unlock()
 			r.coord.publish(epoch, final)
 		},
-		Stop: r.stop,
+		Stop: func(from int) {
+			r.stopPeer.CompareAndSwap(0, int64(from)+1)
+			r.stop()
+		},
 		Fail: r.fail,
 	}
 }

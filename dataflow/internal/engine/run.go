@@ -82,8 +82,12 @@ type Stats struct {
 	// Committed is the last committed epoch when the run ended (StartEpoch-1 when it
 	// committed nothing).
 	Committed uint64
-	// Stopped tells whether the run ended because of a graceful stop (Config.Stop).
+	// Stopped tells whether the run ended because of a graceful stop (Config.Stop, here or on
+	// another process of the cluster).
 	Stopped bool
+	// StopPeer is, when the stop came from another process of the cluster (it was stopped
+	// first), that process's number plus one; 0 otherwise.
+	StopPeer int
 }
 
 type run struct {
@@ -92,6 +96,7 @@ type run struct {
 	p        *plan
 	coord    *coordinator
 	stopping atomic.Bool
+	stopPeer atomic.Int64 // the process whose stop this one followed, plus one (0: none)
 	workers  []*worker // this process's
 	base     int       // the number of this process's first worker
 	total    int       // the workers of the cluster
@@ -269,6 +274,7 @@ func Run(ctx context.Context, g *Graph, cfg Config) (Stats, error) {
 	}
 	st.Committed = r.coord.committed.Load()
 	st.Stopped = r.stopping.Load()
+	st.StopPeer = int(r.stopPeer.Load())
 	if c == nil {
 		return st, errors.Join(errs...)
 	}
