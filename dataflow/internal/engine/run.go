@@ -97,9 +97,9 @@ type run struct {
 	coord    *coordinator
 	stopping atomic.Bool
 	stopPeer atomic.Int64 // the process whose stop this one followed, plus one (0: none)
-	workers  []*worker // this process's
-	base     int       // the number of this process's first worker
-	total    int       // the workers of the cluster
+	workers  []*worker    // this process's
+	base     int          // the number of this process's first worker
+	total    int          // the workers of the cluster
 	fail     func(error)
 }
 
