@@ -8,18 +8,20 @@ import (
 )
 
 // aligner is watermark alignment (Clock.MaxDrift) for one event-time step on one worker: it
-// holds the worker's sources back (an engine.Gate) while the worker's own watermark, the one
+// holds back the sources that feed the step on the worker (an engine.Gate) while the worker's own watermark, the one
 // its clock node stamps on what it sends, is more than the drift ahead of the slowest other
 // upstream worker of the step, as the step's node on this worker last heard from each (see
 // timedNode.alignRef): upstream workers that are idle, have ended or have sent nothing yet
 // hold nobody back. The others' watermarks rise only with the marks they send, and each of
 // them wakes this worker, which then asks the gate again.
 //
-// No set of workers can hold each other back for ever: a held worker reads nothing, so it
-// flushes what it has buffered for the others (its marks included) and takes what they sent;
-// once every mark is through, the slowest worker sees nobody behind it and reads. A partition
-// that stops sending without ending holds every worker back, unless the clock has an
-// IdleTimeout (as in Flink).
+// No set of workers can hold each other back for ever, as the engine lets a gate hold only
+// the sources that feed its step straight (through local steps), and a source have one gate:
+// the watermark each worker waits for comes from sources no gate of its step holds on the
+// slowest worker, and a held worker still flushes what it has buffered for the others (its
+// marks included) and takes what they sent; once every mark is through, the slowest worker
+// sees nobody behind it and reads. A partition that stops sending without ending holds every
+// worker back, unless the clock has an IdleTimeout (as in Flink).
 type aligner struct {
 	own   *int64                    // the clock node's watermark (clockNode.sent), nil until built
 	ref   func() (int64, int, bool) // the slowest other worker's watermark and number, nil until built

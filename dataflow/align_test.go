@@ -1,11 +1,13 @@
 package dataflow_test
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,11 +69,12 @@ func alignRun(t *testing.T, n int, other dataflow.StatefulSource[stamp, int], cl
 	return lead
 }
 
-// pacedPart yields one item per millisecond of wall-clock time (at most), 10 ms of event time
-// apart from 0 on, and ends after n.
+// pacedPart yields one item per every (1 ms when zero) of wall-clock time at most, 10 ms of
+// event time apart from 0 on, and ends after n.
 type pacedPart struct {
 	name    string
 	n, done int
+	every   time.Duration
 }
 
 func (p *pacedPart) Next(context.Context) ([]stamp, error) {
@@ -83,7 +86,10 @@ func (p *pacedPart) Next(context.Context) ([]stamp, error) {
 	return []stamp{{Part: p.name, T: t}}, nil
 }
 
-func (p *pacedPart) NextAwake() time.Time              { return time.Now().Add(time.Millisecond) }
+func (p *pacedPart) NextAwake() time.Time {
+	return time.Now().Add(cmp.Or(p.every, time.Millisecond))
+}
+
 func (p *pacedPart) Snapshot() int                     { return p.done }
 func (p *pacedPart) Commit(context.Context, int) error { return nil }
 func (p *pacedPart) Close() error                      { return nil }
@@ -195,4 +201,157 @@ func TestMaxDriftSaysWhomItWaitsFor(t *testing.T) {
 		return
 	}
 	t.Fatal("no warning logged")
+}
+
+// discardOutput ends a stream in a sink that keeps nothing.
+func discardOutput[T any](name string, s dataflow.Stream[T]) {
+	dataflow.Output(name, s, dataflow.ToDynamic[T](&discard[T]{}))
+}
+
+// Alignment holds back a step's own sources only, and a source may feed one aligned step: so
+// two aligned steps over two sources, worker 0 ahead in one and worker 1 in the other, do not
+// hold each other's workers back (when the gate held a whole worker, this run never ended).
+func TestMaxDriftHoldsOnlyTheStepsSources(t *testing.T) {
+	const n = 300
+	ts := func(s stamp) time.Time { return time.UnixMilli(s.T) }
+	fastPart := func(name string, release <-chan struct{}) *listPart {
+		p := &listPart{name: name, release: release}
+		for i := range n {
+			p.batches = append(p.batches, []int64{int64(i) * 10})
+		}
+		return p
+	}
+	relX, relY := make(chan struct{}), make(chan struct{})
+	var onceX, onceY sync.Once
+	s1 := scriptedSource{names: []string{"a1", "b1"}, parts: map[string]dataflow.StatefulSource[stamp, int]{
+		"a1": fastPart("a1", relX), "b1": &pacedPart{name: "b1", n: n}}}
+	s2 := scriptedSource{names: []string{"a2", "b2"}, parts: map[string]dataflow.StatefulSource[stamp, int]{
+		"a2": &pacedPart{name: "a2", n: n}, "b2": fastPart("b2", relY)}}
+	f := dataflow.New("cross")
+	in1 := dataflow.Input(f, "in1", dataflow.FromPartitioned[stamp, int](s1))
+	in2 := dataflow.Input(f, "in2", dataflow.FromPartitioned[stamp, int](s2))
+	var seen sync.Map
+	step := func(name string, in dataflow.Stream[stamp], slow string, release func()) {
+		var count atomic.Int64
+		seen.Store(name, &count)
+		keyed := dataflow.Transform(name+".key", in, func(b []stamp) ([]dataflow.KV[stamp], error) {
+			out := make([]dataflow.KV[stamp], len(b))
+			for i, s := range b {
+				out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
+			}
+			return out, nil
+		})
+		discardOutput(name+".out", dataflow.StatefulTime(name, keyed, dataflow.EventClock(ts, 0).WithMaxDrift(50*time.Millisecond),
+			dataflow.TimedLogic[stamp, bool, string]{OnItem: func(_ string, _ *bool, _ bool, s stamp, _, _ time.Time, _ *dataflow.Emitter[string]) (bool, error) {
+				count.Add(1)
+				if s.Part == slow {
+					release()
+				}
+				return false, nil
+			}}))
+	}
+	step("x", in1, "b1", func() { onceX.Do(func() { close(relX) }) })
+	step("y", in2, "a2", func() { onceY.Do(func() { close(relY) }) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := dataflow.Run(ctx, f, dataflow.Options{Workers: 2, EpochInterval: 20 * time.Millisecond}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for _, name := range []string{"x", "y"} {
+		c, _ := seen.Load(name)
+		if got := c.(*atomic.Int64).Load(); got != 2*n {
+			t.Errorf("step %s saw %d items, want %d", name, got, 2*n)
+		}
+	}
+}
+
+// A flow that alignment cannot serve is refused with an error naming the step: a step fed
+// through an exchange (its items come from other workers' sources, which its worker cannot hold
+// back: it could wait for ever), and a second aligned step over the same source (two gates
+// could each hold back what the other waits for).
+func TestMaxDriftRefusesWhatItCannotServe(t *testing.T) {
+	ts := func(s stamp) time.Time { return time.UnixMilli(s.T) }
+	clock := dataflow.EventClock(ts, 0).WithMaxDrift(time.Second)
+	newSource := func() scriptedSource {
+		return scriptedSource{names: []string{"p"}, parts: map[string]dataflow.StatefulSource[stamp, int]{
+			"p": &listPart{name: "p", batches: [][]int64{{0}}}}}
+	}
+	logic := dataflow.TimedLogic[stamp, bool, string]{OnItem: func(string, *bool, bool, stamp, time.Time, time.Time, *dataflow.Emitter[string]) (bool, error) {
+		return false, nil
+	}}
+	for _, tc := range []struct {
+		name, want string
+		build      func(f *dataflow.Flow)
+	}{
+		{"after an exchange", `time.clock"`, func(f *dataflow.Flow) {
+			keyed := keyByPart(dataflow.Input(f, "in", dataflow.FromPartitioned[stamp, int](newSource())))
+			passed := dataflow.Stateful("pass", keyed, dataflow.StatefulLogic[stamp, bool, stamp]{
+				OnItem: func(_ string, _ *bool, _ bool, s stamp, out *dataflow.Emitter[stamp]) (bool, error) {
+					out.Emit(s)
+					return false, nil
+				}})
+			discardOutput("out", dataflow.StatefulTime("time", passed, clock, logic))
+		}},
+		{"two steps over one source", `already feeds another step`, func(f *dataflow.Flow) {
+			keyed := keyByPart(dataflow.Input(f, "in", dataflow.FromPartitioned[stamp, int](newSource())))
+			discardOutput("out1", dataflow.StatefulTime("time1", keyed, clock, logic))
+			discardOutput("out2", dataflow.StatefulTime("time2", keyed, clock, logic))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := dataflow.New("refused")
+			tc.build(f)
+			err := dataflow.Run(context.Background(), f, dataflow.Options{Workers: 2, EpochInterval: 20 * time.Millisecond})
+			if err == nil || !strings.Contains(err.Error(), "watermark alignment") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run: %v; want an error about watermark alignment with %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// A partition held back by alignment is not idle for another event-time step that reads the
+// same source: step "x" (aligned, 50 ms) holds worker 0's fast partition back for about 20 ms
+// at a time (the slow one reads an item per 20 ms), longer than step "y"'s idle timeout
+// (10 ms). Step "y" reads the same items with another time, by which worker 0 is 10 s behind;
+// were its partition taken for idle while held back, y's watermark would jump to worker 1's,
+// and worker 0's next items would be late. None is.
+func TestHeldPartitionsAreNotIdle(t *testing.T) {
+	const n = 60
+	fast := &listPart{name: "fast"}
+	for i := range n {
+		fast.batches = append(fast.batches, []int64{int64(i) * 10})
+	}
+	src := scriptedSource{names: []string{"fast", "slow"},
+		parts: map[string]dataflow.StatefulSource[stamp, int]{"fast": fast, "slow": &pacedPart{name: "slow", n: n / 3, every: 20 * time.Millisecond}}}
+	f := dataflow.New("held")
+	keyed := keyByPart(dataflow.Input(f, "in", dataflow.FromPartitioned[stamp, int](src)))
+	discardOutput("x.out", dataflow.StatefulTime("x", keyed, dataflow.EventClock(func(s stamp) time.Time { return time.UnixMilli(s.T) }, 0).WithMaxDrift(50*time.Millisecond),
+		dataflow.TimedLogic[stamp, bool, string]{OnItem: func(string, *bool, bool, stamp, time.Time, time.Time, *dataflow.Emitter[string]) (bool, error) {
+			return false, nil
+		}}))
+	// y's time: the fast partition's items a tenth of x's, the slow one's 10 s ahead (so that
+	// the slow one's own idle spells make nothing late).
+	yTime := func(s stamp) time.Time {
+		if s.Part == "fast" {
+			return time.UnixMilli(s.T / 10)
+		}
+		return time.UnixMilli(10_000 + s.T)
+	}
+	var late, seen atomic.Int64
+	discardOutput("y.out", dataflow.StatefulTime("y", keyed, dataflow.EventClock(yTime, 0).WithIdleTimeout(10*time.Millisecond),
+		dataflow.TimedLogic[stamp, bool, string]{OnItem: func(_ string, _ *bool, _ bool, s stamp, at, wm time.Time, _ *dataflow.Emitter[string]) (bool, error) {
+			seen.Add(1)
+			if at.Before(wm) {
+				late.Add(1)
+			}
+			return false, nil
+		}}))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := dataflow.Run(ctx, f, dataflow.Options{Workers: 2, EpochInterval: 20 * time.Millisecond}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if seen.Load() != n+n/3 || late.Load() != 0 {
+		t.Fatalf("step y saw %d items, %d of them late; want %d, none late", seen.Load(), late.Load(), n+n/3)
+	}
 }

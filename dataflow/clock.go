@@ -48,15 +48,19 @@ type Clock[V any] struct {
 	// partition holds the watermark back until it ends.
 	IdleTimeout time.Duration
 	// MaxDrift, when positive, turns on watermark alignment (Flink's maxAllowedWatermarkDrift):
-	// a worker whose own watermark is more than MaxDrift ahead of the step's watermark (the
-	// minimum over all upstream workers of the cluster) stops reading its sources, all of
-	// them, until the slower workers catch up; it goes on handling what reaches it meanwhile,
-	// and the time it waits does not count towards IdleTimeout. Workers that read their
-	// partitions at different speeds then stay within MaxDrift of each other in event time,
-	// so a key has fewer windows open at once and the step holds less state, at the cost of
-	// the faster workers' idle time. A partition that has read nothing yet holds nobody back;
-	// one that stops sending without ending holds every worker back, unless IdleTimeout is
-	// set. Zero (the default) lets every worker read as fast as it can.
+	// a worker whose own watermark is more than MaxDrift ahead of the slowest other upstream
+	// worker of the step in the cluster (as last heard from it; one that is idle, has ended
+	// or has sent nothing yet does not count) stops reading the sources that feed the step
+	// until that worker catches up. It goes on handling what reaches it meanwhile, and the
+	// time its partitions are held back does not count towards any step's IdleTimeout.
+	// Workers that read their partitions at different speeds then stay within MaxDrift of
+	// each other in event time, so a key has fewer windows open at once and the step holds
+	// less state, at the cost of the faster workers' idle time. A partition that stops
+	// sending without ending holds every worker back, unless IdleTimeout is set. The step
+	// must be fed straight from its sources (through steps such as Transform, KeyOn, Filter
+	// or Merge, with no exchange or combiner on the way), and a source may feed one aligned
+	// step only: Run fails otherwise, naming the step. Zero (the default) lets every worker
+	// read as fast as it can.
 	MaxDrift time.Duration
 }
 
@@ -198,7 +202,9 @@ func clockStep[V any](step string, in Stream[KV[V]], clock Clock[V]) Stream[stam
 			if clock.Timestamp != nil && clock.MaxDrift > 0 {
 				n.align = alignerOf(env, step, int64(clock.MaxDrift))
 				n.align.own = &n.sent
-				env.AddGate(n.align)
+				if err := env.AddGate(n.align); err != nil {
+					return nil, fmt.Errorf("watermark alignment (MaxDrift %v) needs a step fed straight from its sources, and holds them back for this step alone: %w", clock.MaxDrift, err)
+				}
 			}
 			return n, nil
 		}})
@@ -347,18 +353,26 @@ func (n *clockNode[V]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 	if err := n.env.Emit(0, epoch, out); err != nil {
 		return err
 	}
-	if n.align != nil && n.marked != maxTime && n.marked-n.flushed >= n.align.drift/4 {
-		// With alignment, faster workers wait for this one's watermark: it goes out now
-		// (every quarter of the drift), not once the buffers fill, which on a sparse stream
-		// may take many batches.
-		n.env.Flush(0)
-		n.flushed = n.marked
-	}
+	n.flushMarks(false)
 	if n.env.Reusable(0) {
 		clear(out)
 		n.buf = out
 	}
 	return nil
+}
+
+// flushMarks sends the marks at once, with alignment (Clock.MaxDrift): faster workers wait for
+// this one's watermark, which then goes out each time it has moved a quarter of the drift (or
+// always, with now), not once the exchange's buffers fill, which on a sparse stream may take
+// many batches.
+func (n *clockNode[V]) flushMarks(now bool) {
+	if n.align == nil || n.marked == maxTime {
+		return
+	}
+	if now || subSat(n.marked, n.flushed) >= n.align.drift/4 {
+		n.env.Flush(0)
+		n.flushed = n.marked
+	}
 }
 
 // NextTime is when the next of this worker's partitions becomes idle, if it has an idle timeout.
@@ -380,15 +394,15 @@ func (n *clockNode[V]) NextTime() time.Time {
 // OnTime marks the partitions idle that have read nothing for the idle timeout. When none is
 // left active it marks the worker idle; else the watermark of the others may have moved.
 func (n *clockNode[V]) OnTime(now time.Time, epoch uint64) error {
-	if n.align != nil && n.align.Closed() {
-		// The partitions read nothing because alignment holds them back: not idle. Their
-		// idle timeouts count again from now.
+	// A partition held back by watermark alignment (of this step or another one that reads
+	// the same source) reads nothing through no fault of its own: its idle timeout counts
+	// from the last time it was held back (now, while it is).
+	if held := n.env.Held(now); !held.IsZero() {
 		for i := range n.parts {
-			if n.active(i) {
-				n.parts[i].seen = now
+			if n.active(i) && held.After(n.parts[i].seen) {
+				n.parts[i].seen = held
 			}
 		}
-		return nil
 	}
 	for i := range n.parts {
 		if n.active(i) && !now.Before(n.parts[i].seen.Add(n.clock.IdleTimeout)) {
@@ -401,11 +415,18 @@ func (n *clockNode[V]) OnTime(now time.Time, epoch uint64) error {
 			return nil
 		}
 		n.idle = true
-		return n.env.Emit(0, epoch, []stamped[V]{{kind: envIdle, from: from}})
+		if err := n.env.Emit(0, epoch, []stamped[V]{{kind: envIdle, from: from}}); err != nil {
+			return err
+		}
+		n.flushMarks(true)
+		return nil
 	}
 	if wm := n.wm(); wm > n.marked {
 		n.sent, n.marked = wm, wm
-		return n.env.Emit(0, epoch, []stamped[V]{{kind: envMark, wm: wm, from: from}})
+		if err := n.env.Emit(0, epoch, []stamped[V]{{kind: envMark, wm: wm, from: from}}); err != nil {
+			return err
+		}
+		n.flushMarks(false)
 	}
 	return nil
 }

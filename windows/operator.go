@@ -148,9 +148,10 @@ type Options struct {
 	// dataflow.Clock, it replaces the clock's. Zero keeps the clock's (none for the joins).
 	IdleTimeout time.Duration
 	// MaxDrift, when positive, is the step's watermark alignment (see
-	// dataflow.Clock.MaxDrift): a worker more than MaxDrift ahead of the step's watermark
-	// stops reading its sources until the others catch up. Like IdleTimeout, it is how the
-	// joins take one, and it replaces the clock's for the others. Zero keeps the clock's.
+	// dataflow.Clock.MaxDrift): a worker more than MaxDrift ahead of the slowest other
+	// stops reading the sources that feed the step until it catches up. Like IdleTimeout, it
+	// is how the joins take one, and it replaces the clock's for the others. Zero keeps the
+	// clock's.
 	MaxDrift time.Duration
 }
 

@@ -3,6 +3,8 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -37,9 +39,10 @@ var noOrigin = origin{step: -1}
 
 // originMap numbers the source partitions that feed a step on a worker (see Env.Origins).
 type originMap struct {
-	n    int
-	base map[int]int // source step -> number of its first partition
-	of   []origin    // per number
+	known bool // every path into the step comes from sources through local steps that keep origins
+	n     int
+	base  map[int]int // source step -> number of its first partition
+	of    []origin    // per number
 }
 
 // SetParts tells the worker, from a source node's New, how many partitions the node reads on
@@ -92,17 +95,53 @@ func (e *Env) Origin() int {
 	return base + o.part
 }
 
-// Gate holds back a worker's sources: while Closed returns true, the worker reads none of its
-// sources, and still drains its inputs, runs its timers and closes its epochs. Closed is
-// called on the worker's goroutine (before each read, and before it parks); it must be cheap.
-// A gate reopens through what the worker does meanwhile: an item or mark the worker takes
-// from an input wakes it, and it asks the gate again at its next turn.
+// Gate holds back the sources that feed a step on a worker: while Closed returns true, the
+// worker reads none of them, and still reads its other sources, drains its inputs, runs its
+// timers and closes its epochs. Closed is called on the worker's goroutine (before each read,
+// and before it parks); it must be cheap. A gate reopens through what the worker does
+// meanwhile: an item or mark the worker takes from an input wakes it, and it asks the gate
+// again at its next turn.
 type Gate interface {
 	Closed() bool
 }
 
-// AddGate makes the worker's sources read only while g is open (see Gate).
-func (e *Env) AddGate(g Gate) { e.w.gates = append(e.w.gates, g) }
+// AddGate makes the sources that feed the step on this worker read only while g is open (see
+// Gate). It fails when some path into the step crosses an exchange or a step that does not
+// keep origins (see Origins): the step's items then come from other workers' sources too,
+// which this worker cannot hold back. It fails too when one of those sources already has a
+// gate: two gates over one source could each hold back what the other waits for.
+func (e *Env) AddGate(g Gate) error {
+	m := e.originMap()
+	if !m.known {
+		return errors.New("its input does not come from its sources through local steps only (an exchange, such as a keyed step or a redistribution, or a combiner is on the way)")
+	}
+	for s := range m.base {
+		if e.w.gate[s] != nil {
+			return fmt.Errorf("its source %q already feeds another step that holds it back", e.w.p.steps[s].ID)
+		}
+	}
+	for s := range m.base {
+		e.w.gate[s] = g
+	}
+	return nil
+}
+
+// Held returns the last time a source feeding the step was held back by its gate (now, when
+// one is held back now; the zero time when none ever was, or the step has no Origins): a step
+// that tells idle inputs by the time since their last item (Clock.IdleTimeout) counts from
+// there, as a source held back reads nothing through no fault of its own.
+func (e *Env) Held(now time.Time) time.Time {
+	var last time.Time
+	for s := range e.originMap().base {
+		if g := e.w.gate[s]; g != nil && (g.Closed() || e.w.heldLast[s]) {
+			return now // held back now, or until a moment ago
+		}
+		if t := e.w.heldAt[s]; t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
 
 // Flush sends at once what the exchanges out of the step's output port hold for every
 // receiver, instead of when a buffer fills or the worker has nothing else to do: for what is
@@ -181,7 +220,7 @@ func (e *Env) originMap() *originMap {
 		return e.origins
 	}
 	slices.Sort(sources)
-	m := &originMap{base: map[int]int{}}
+	m := &originMap{known: true, base: map[int]int{}}
 	for _, s := range sources {
 		m.base[s] = m.n
 		for i := range e.w.parts[s] {

@@ -321,6 +321,9 @@ func newWorker(r *run, p *plan, i, local int, shared []any) *worker {
 		timer:       time.NewTimer(time.Hour),
 		parts:       make([]int, len(p.steps)),
 		partEnded:   make([][]bool, len(p.steps)),
+		gate:        make([]Gate, len(p.steps)),
+		heldAt:      make([]time.Time, len(p.steps)),
+		heldLast:    make([]bool, len(p.steps)),
 		origin:      noOrigin,
 	}
 	if r.cfg.Meter != nil {

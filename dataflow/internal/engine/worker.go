@@ -51,8 +51,11 @@ type worker struct {
 	partEnded [][]bool // per source step and partition: ended (Env.PartEnded)
 	origin    origin   // the source partition whose batch is being handed on (Env.EmitPart)
 
-	gates  []Gate      // hold the sources back while closed (Env.AddGate)
-	locals map[any]any // values shared by the nodes of this worker (Env.Local)
+	gate   []Gate      // per source step: what holds it back while closed (Env.AddGate), or nil
+	heldAt []time.Time // per source step: when its gate last held it back (Env.Held)
+	// heldLast is, per source step, whether its gate was closed when last looked at.
+	heldLast []bool
+	locals   map[any]any // values shared by the nodes of this worker (Env.Local)
 
 	read, written uint64 // items emitted by sources, and handed to sinks
 
@@ -465,7 +468,7 @@ func (w *worker) inFlight() uint64 { return w.epoch[0] - w.committed }
 
 // canRead tells whether the sources may read: not too many epochs in flight, not too many
 // snapshot bytes waiting for the store (the commit that lowers them wakes the workers), no
-// full mailbox, no closed gate (Env.AddGate). Epochs still close while reading is paused, so every worker reaches the
+// full mailbox. (A source whose gate is closed does not read either: see held.) Epochs still close while reading is paused, so every worker reaches the
 // epochs the store waits for and the writer always has something to commit.
 func (w *worker) canRead() bool {
 	if w.inFlight() > uint64(w.r.cfg.MaxEpochsInFlight) || w.r.coord.fl.over.Load() {
@@ -476,22 +479,33 @@ func (w *worker) canRead() bool {
 			return false
 		}
 	}
-	for _, g := range w.gates {
-		if g.Closed() {
-			return false
-		}
-	}
 	return true
 }
 
-func (w *worker) pollSources() (bool, error) {
+// held tells whether source step s is held back by its gate (Env.AddGate), noting until when
+// it was (heldAt): now while it is, and now again when it is first seen open (it was held
+// back until some time since the last look).
+func (w *worker) held(s int, now time.Time) bool {
+	g := w.gate[s]
+	if g == nil {
+		return false
+	}
+	closed := g.Closed()
+	if closed || w.heldLast[s] {
+		w.heldAt[s] = now
+	}
+	w.heldLast[s] = closed
+	return closed
+}
+
+func (w *worker) pollSources(now time.Time) (bool, error) {
 	if w.groupDone[0] || !w.canRead() {
 		return false, nil
 	}
 	progress := false
 	e := w.epoch[0]
 	for _, s := range w.sources {
-		if w.ended[s] {
+		if w.ended[s] || w.held(s, now) {
 			continue
 		}
 		w.cur = s
@@ -633,7 +647,7 @@ func (w *worker) loop() error {
 			return err
 		}
 		progress = progress || p
-		if p, err = w.pollSources(); err != nil {
+		if p, err = w.pollSources(now); err != nil {
 			return err
 		}
 		progress = progress || p
@@ -665,8 +679,9 @@ func (w *worker) deadline() (time.Time, []<-chan struct{}) {
 		earliest(w.closeAt)
 	}
 	if !w.groupDone[0] && w.canRead() {
+		now := time.Now()
 		for _, s := range w.sources {
-			if w.ended[s] {
+			if w.ended[s] || w.held(s, now) {
 				continue
 			}
 			t, cs := w.nodes[s].(SourceNode).Awake()
