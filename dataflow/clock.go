@@ -51,8 +51,10 @@ type Clock[V any] struct {
 	// a worker whose own watermark is more than MaxDrift ahead of the slowest other upstream
 	// worker of the step in the cluster (as last heard from it; one that is idle, has ended
 	// or has sent nothing yet does not count) stops reading the sources that feed the step
-	// until that worker catches up. It goes on handling what reaches it meanwhile, and the
-	// time its partitions are held back does not count towards any step's IdleTimeout.
+	// until that worker catches up. It goes on handling what reaches it meanwhile. A held
+	// partition's idle timeout (IdleTimeout, in any step it feeds straight) counts only the
+	// time it was not held back, so it is not taken for idle for want of a chance to read;
+	// a silent partition of a worker held back most of the time goes idle that much later.
 	// Workers that read their partitions at different speeds then stay within MaxDrift of
 	// each other in event time, so a key has fewer windows open at once and the step holds
 	// less state, at the cost of the faster workers' idle time. A partition that stops
@@ -218,6 +220,9 @@ func clockStep[V any](step string, in Stream[KV[V]], clock Clock[V]) Stream[stam
 type partClock struct {
 	max  int64     // largest event time seen
 	seen time.Time // when the last item came (for the idle timeout)
+	// held is how long the partition had been held back by alignment (Env.OriginHeld) when
+	// its last item came: holds since then do not count towards its idle timeout.
+	held time.Duration
 	idle bool
 	used bool // counts in the worker's watermark (see clockNode.parts)
 }
@@ -331,6 +336,7 @@ func (n *clockNode[V]) OnBatch(_ int, epoch uint64, batch any) (err error) {
 		p.used, p.idle, n.idle = true, false, false
 		if n.clock.IdleTimeout > 0 {
 			p.seen = time.Now()
+			p.held = n.env.OriginHeld(o, p.seen)
 		}
 		others, bounded := n.othersWm(o)
 		for ; i < len(items); i++ {
@@ -381,9 +387,10 @@ func (n *clockNode[V]) NextTime() time.Time {
 		return time.Time{}
 	}
 	var at time.Time
+	now := time.Now()
 	for i := range n.parts {
 		if n.active(i) {
-			if t := n.parts[i].seen.Add(n.clock.IdleTimeout); at.IsZero() || t.Before(at) {
+			if t := n.idleAt(i, now); at.IsZero() || t.Before(at) {
 				at = t
 			}
 		}
@@ -391,21 +398,22 @@ func (n *clockNode[V]) NextTime() time.Time {
 	return at
 }
 
+// idleAt is when partition i becomes idle, as of now: its idle timeout after its last item,
+// plus the time it has been held back by alignment since (Env.OriginHeld), during which it
+// could not read. While it is held back that time grows with now, so the moment moves on.
+func (n *clockNode[V]) idleAt(i int, now time.Time) time.Time {
+	p := &n.parts[i]
+	return p.seen.Add(n.clock.IdleTimeout + n.env.OriginHeld(i, now) - p.held)
+}
+
 // OnTime marks the partitions idle that have read nothing for the idle timeout. When none is
 // left active it marks the worker idle; else the watermark of the others may have moved.
 func (n *clockNode[V]) OnTime(now time.Time, epoch uint64) error {
 	// A partition held back by watermark alignment (of this step or another one that reads
-	// the same source) reads nothing through no fault of its own: its idle timeout counts
-	// from the last time it was held back (now, while it is).
-	if held := n.env.Held(now); !held.IsZero() {
-		for i := range n.parts {
-			if n.active(i) && held.After(n.parts[i].seen) {
-				n.parts[i].seen = held
-			}
-		}
-	}
+	// the same source) reads nothing through no fault of its own: its idle timeout leaves
+	// that time out (idleAt).
 	for i := range n.parts {
-		if n.active(i) && !now.Before(n.parts[i].seen.Add(n.clock.IdleTimeout)) {
+		if n.active(i) && !now.Before(n.idleAt(i, now)) {
 			n.parts[i].idle = true
 		}
 	}

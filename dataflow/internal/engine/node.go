@@ -126,21 +126,25 @@ func (e *Env) AddGate(g Gate) error {
 	return nil
 }
 
-// Held returns the last time a source feeding the step was held back by its gate (now, when
-// one is held back now; the zero time when none ever was, or the step has no Origins): a step
-// that tells idle inputs by the time since their last item (Clock.IdleTimeout) counts from
-// there, as a source held back reads nothing through no fault of its own.
-func (e *Env) Held(now time.Time) time.Time {
-	var last time.Time
-	for s := range e.originMap().base {
-		if g := e.w.gate[s]; g != nil && (g.Closed() || e.w.heldLast[s]) {
-			return now // held back now, or until a moment ago
-		}
-		if t := e.w.heldAt[s]; t.After(last) {
-			last = t
-		}
+// OriginHeld returns how long, in all, up to now, the source partition numbered i (of Origins)
+// has been held back by a gate (Env.AddGate): a step that tells idle inputs by the time since
+// their last item (Clock.IdleTimeout) leaves that time out, as a partition held back reads
+// nothing through no fault of its own. A hold counts while the gate was last seen closed.
+// It is 0 for a partition whose source has no gate, and for an unknown one.
+func (e *Env) OriginHeld(i int, now time.Time) time.Duration {
+	m := e.originMap()
+	if i < 0 || i >= m.n {
+		return 0
 	}
-	return last
+	w, s := e.w, m.of[i].step
+	if w.gate[s] == nil {
+		return 0
+	}
+	d := w.heldTotal[s]
+	if w.heldLast[s] {
+		d += now.Sub(w.heldSince[s])
+	}
+	return d
 }
 
 // Flush sends at once what the exchanges out of the step's output port hold for every

@@ -322,8 +322,9 @@ func newWorker(r *run, p *plan, i, local int, shared []any) *worker {
 		parts:       make([]int, len(p.steps)),
 		partEnded:   make([][]bool, len(p.steps)),
 		gate:        make([]Gate, len(p.steps)),
-		heldAt:      make([]time.Time, len(p.steps)),
 		heldLast:    make([]bool, len(p.steps)),
+		heldSince:   make([]time.Time, len(p.steps)),
+		heldTotal:   make([]time.Duration, len(p.steps)),
 		origin:      noOrigin,
 	}
 	if r.cfg.Meter != nil {

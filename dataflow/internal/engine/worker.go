@@ -51,11 +51,13 @@ type worker struct {
 	partEnded [][]bool // per source step and partition: ended (Env.PartEnded)
 	origin    origin   // the source partition whose batch is being handed on (Env.EmitPart)
 
-	gate   []Gate      // per source step: what holds it back while closed (Env.AddGate), or nil
-	heldAt []time.Time // per source step: when its gate last held it back (Env.Held)
-	// heldLast is, per source step, whether its gate was closed when last looked at.
-	heldLast []bool
-	locals   map[any]any // values shared by the nodes of this worker (Env.Local)
+	gate []Gate // per source step: what holds it back while closed (Env.AddGate), or nil
+	// Per source step with a gate (Env.AddGate): whether the gate was closed when last looked
+	// at, since when, and how long it had held the source back before that (Env.OriginHeld).
+	heldLast  []bool
+	heldSince []time.Time
+	heldTotal []time.Duration
+	locals    map[any]any // values shared by the nodes of this worker (Env.Local)
 
 	read, written uint64 // items emitted by sources, and handed to sinks
 
@@ -482,17 +484,20 @@ func (w *worker) canRead() bool {
 	return true
 }
 
-// held tells whether source step s is held back by its gate (Env.AddGate), noting until when
-// it was (heldAt): now while it is, and now again when it is first seen open (it was held
-// back until some time since the last look).
+// held tells whether source step s is held back by its gate (Env.AddGate), and keeps the
+// time it has been held back: a hold counts from the first look that found the gate closed to
+// the first that found it open again.
 func (w *worker) held(s int, now time.Time) bool {
 	g := w.gate[s]
 	if g == nil {
 		return false
 	}
 	closed := g.Closed()
-	if closed || w.heldLast[s] {
-		w.heldAt[s] = now
+	switch {
+	case closed && !w.heldLast[s]:
+		w.heldSince[s] = now
+	case !closed && w.heldLast[s]:
+		w.heldTotal[s] += now.Sub(w.heldSince[s])
 	}
 	w.heldLast[s] = closed
 	return closed
