@@ -168,8 +168,11 @@ func TestClusterCopySurvivesKill9(t *testing.T) {
 				continue
 			}
 			wait(p, time.Minute)
-			if took := time.Since(killed); took > peerTimeout+5*time.Second {
-				t.Errorf("kill %d: process %d took %v to stop after process %d was killed", kills, i, took, victim)
+			// The peer timeout, plus slack for a loaded machine: the survivors also close
+			// their broker connections before they exit, and in a CI run (-race, four test
+			// packages at once on two cores) both took 9.75 s once, against a bound of 7 s.
+			if took := time.Since(killed); took > peerTimeout+10*time.Second {
+				t.Errorf("kill %d: process %d took %v to stop after process %d was killed; its log:\n%s", kills, i, took, victim, p.stderr.String())
 			}
 		}
 	}
