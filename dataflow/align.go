@@ -8,11 +8,11 @@ import (
 )
 
 // aligner is watermark alignment (Clock.MaxDrift) for one event-time step on one worker: it
-// holds back the sources that feed the step on the worker (an engine.Gate) while the worker's own watermark, the one
-// its clock node stamps on what it sends, is more than the drift ahead of the slowest other
-// upstream worker of the step, as the step's node on this worker last heard from each (see
-// timedNode.alignRef): upstream workers that are idle, have ended or have sent nothing yet
-// hold nobody back. The others' watermarks rise only with the marks they send, and each of
+// holds back the sources that feed the step on the worker (an engine.Gate) while the worker's
+// own watermark, the one its clock node stamps on what it sends, is more than the drift ahead
+// of the slowest other upstream worker of the step, as the step's node on this worker last
+// heard from each (see timedNode.alignRef): upstream workers that are idle, have ended or have
+// sent nothing yet hold nobody back. The others' watermarks rise only with the marks they send, and each of
 // them wakes this worker, which then asks the gate again.
 //
 // No set of workers can hold each other back for ever, as the engine lets a gate hold only

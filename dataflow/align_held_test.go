@@ -29,17 +29,8 @@ func TestHoldsCountOnlyForTheHeldSource(t *testing.T) {
 	s2 := scriptedSource{names: []string{"c", "d"}, parts: map[string]dataflow.StatefulSource[stamp, int]{
 		"c": &listPart{name: "c", batches: [][]int64{{1_000_000}}, hold: 0, release: relC}, "d": &listPart{name: "d"}}}
 	f := dataflow.New("held-merge")
-	key := func(name string, in dataflow.Stream[stamp]) dataflow.Stream[dataflow.KV[stamp]] {
-		return dataflow.Transform(name, in, func(b []stamp) ([]dataflow.KV[stamp], error) {
-			out := make([]dataflow.KV[stamp], len(b))
-			for i, s := range b {
-				out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
-			}
-			return out, nil
-		})
-	}
-	k1 := key("k1", dataflow.Input(f, "in1", dataflow.FromPartitioned[stamp, int](s1)))
-	k2 := key("k2", dataflow.Input(f, "in2", dataflow.FromPartitioned[stamp, int](s2)))
+	k1 := keyByPartAs("k1", dataflow.Input(f, "in1", dataflow.FromPartitioned[stamp, int](s1)))
+	k2 := keyByPartAs("k2", dataflow.Input(f, "in2", dataflow.FromPartitioned[stamp, int](s2)))
 	ts := func(s stamp) time.Time { return time.UnixMilli(s.T) }
 	discardOutput("x.out", dataflow.StatefulTime("x", k1, dataflow.EventClock(ts, 0).WithMaxDrift(50*time.Millisecond),
 		dataflow.TimedLogic[stamp, bool, string]{OnItem: func(_ string, _ *bool, _ bool, s stamp, _, _ time.Time, _ *dataflow.Emitter[string]) (bool, error) {

@@ -234,13 +234,7 @@ func TestMaxDriftHoldsOnlyTheStepsSources(t *testing.T) {
 	step := func(name string, in dataflow.Stream[stamp], slow string, release func()) {
 		var count atomic.Int64
 		seen.Store(name, &count)
-		keyed := dataflow.Transform(name+".key", in, func(b []stamp) ([]dataflow.KV[stamp], error) {
-			out := make([]dataflow.KV[stamp], len(b))
-			for i, s := range b {
-				out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
-			}
-			return out, nil
-		})
+		keyed := keyByPartAs(name+".key", in)
 		discardOutput(name+".out", dataflow.StatefulTime(name, keyed, dataflow.EventClock(ts, 0).WithMaxDrift(50*time.Millisecond),
 			dataflow.TimedLogic[stamp, bool, string]{OnItem: func(_ string, _ *bool, _ bool, s stamp, _, _ time.Time, _ *dataflow.Emitter[string]) (bool, error) {
 				count.Add(1)

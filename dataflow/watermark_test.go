@@ -97,7 +97,12 @@ func (p *streamPart) Close() error                      { return nil }
 
 // keyByPart keys the stamps by their partition's name (step "key").
 func keyByPart(in dataflow.Stream[stamp]) dataflow.Stream[dataflow.KV[stamp]] {
-	return dataflow.Transform("key", in, func(b []stamp) ([]dataflow.KV[stamp], error) {
+	return keyByPartAs("key", in)
+}
+
+// keyByPartAs is keyByPart in a step of the given name.
+func keyByPartAs(name string, in dataflow.Stream[stamp]) dataflow.Stream[dataflow.KV[stamp]] {
+	return dataflow.Transform(name, in, func(b []stamp) ([]dataflow.KV[stamp], error) {
 		out := make([]dataflow.KV[stamp], len(b))
 		for i, s := range b {
 			out[i] = dataflow.KV[stamp]{Key: s.Part, Value: s}
